@@ -1,0 +1,305 @@
+"""The conformance checks: the paper's seven (science.md §5) and three that close its blind spot.
+
+Each check is a pure function returning a `Verdict`. `applicable` is separate from `fired`: a
+check whose inputs are missing or whose precondition fails is *inapplicable*, and an inapplicable
+check is never reported as a pass. Exact checks compare bit patterns; a tolerance check carries
+its threshold in the verdict.
+
+Why the extended checks exist: under real scales, checks 1–7 cannot tell a correct kernel from one
+that keeps a scale in bf16, rounds twice, swaps the scale order or truncates its final cast —
+such faults stay within one ulp and check 5 is inapplicable. Holding each arm to its *declared*
+epilogue model bit for bit catches every one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from alibi.emulator import Prediction, int32_wrap
+from alibi.numerics import bitwise_equal_mask, is_pow2, ulp_distance
+
+# Check identifiers, in report order, with the paper's number where it has one.
+CHECKS: dict[str, str] = {
+    "shared-operands": "1. both arms received bitwise-identical operands and scales",
+    "int32-no-overflow": "2. the int32 accumulator cannot wrap at this K",
+    "lossless-fp32-entry": "3. every accumulator is ≤ 2^24 and enters fp32 exactly",
+    "exact-accumulator": "4. exposed int32 accumulators equal the exact reference",
+    "pow2-identity": "5. under power-of-two weight scales the outputs are bitwise equal",
+    "real-scale-tolerance": "6. under real scales the outputs differ by at most the ulp threshold",
+    "token-level-risk": "7. teacher-forced token flip rate within the workload's bound",
+    "epilogue-model": "each arm's output equals its declared epilogue model bit for bit",
+    "m-invariance": "a row's output does not depend on M or on the row's position",
+    "run-to-run": "each arm gives the same bits when run twice",
+}
+EXACT = {name: name not in ("real-scale-tolerance", "token-level-risk") for name in CHECKS}
+DEFAULT_ULP_THRESHOLD = 1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One check's outcome on one unit of evidence (a tile under one scale regime, or a summary).
+
+    fired: the check found a violation; applicable: its inputs exist and its precondition holds
+    (when False, `fired` is False and the check decided nothing); exact: an exact (bitwise or
+    integer) check rather than a tolerance check; threshold: the tolerance, for tolerance checks;
+    detail: one human-readable sentence; evidence: the numbers behind it.
+    """
+
+    check: str
+    fired: bool
+    applicable: bool
+    detail: str
+    threshold: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return EXACT[self.check]
+
+    @property
+    def status(self) -> str:
+        return "inapplicable" if not self.applicable else ("fired" if self.fired else "passed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "fired": self.fired, "applicable": self.applicable, "exact": self.exact,
+                "status": self.status, "threshold": self.threshold, "detail": self.detail,
+                "evidence": self.evidence}
+
+
+def _fired(check: str, detail: str, **kw: Any) -> Verdict:
+    return Verdict(check, True, True, detail, **kw)
+
+
+def _passed(check: str, detail: str, **kw: Any) -> Verdict:
+    return Verdict(check, False, True, detail, **kw)
+
+
+def _inapplicable(check: str, detail: str, **kw: Any) -> Verdict:
+    return Verdict(check, False, False, detail, **kw)
+
+
+def _first_mismatch(mask_differs: torch.Tensor) -> list[int] | None:
+    idx = mask_differs.nonzero()
+    return idx[0].tolist() if idx.numel() else None
+
+
+# 1 -------------------------------------------------------------------------------------------
+def shared_operands(operands_a: dict[str, torch.Tensor | None], operands_b: dict[str, torch.Tensor | None]) -> Verdict:
+    """Fires when the two arms did not receive bitwise-identical operands (a harness or quantizer fault).
+
+    Compares every operand tensor (a_q, s_a, w_q, s_w, bias) by bit pattern, as each arm held it
+    after its run — so a kernel that writes into its inputs is caught too.
+    """
+    differing = []
+    for key in sorted(set(operands_a) | set(operands_b)):
+        a, b = operands_a.get(key), operands_b.get(key)
+        if a is None and b is None:
+            continue
+        same = a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape and bool(
+            (a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
+        if not same:
+            differing.append(key)
+    if differing:
+        return _fired("shared-operands", f"operands differ between the arms: {', '.join(differing)} "
+                      "(look at the harness or quantizer, not the kernel)", evidence={"differing": differing})
+    return _passed("shared-operands", "both arms received bitwise-identical operands")
+
+
+# 2, 3 ----------------------------------------------------------------------------------------
+def int32_no_overflow(pred: Prediction | None, K: int) -> Verdict:
+    """Fires when `product_bound·K ≥ 2³¹`: an int32 accumulator may wrap and the alibi does not apply."""
+    if pred is None:
+        return _inapplicable("int32-no-overflow", "not an int8 tile: no integer accumulator")
+    ev = {"K": K, "product_bound": pred.product_bound, "k_limit": pred.k_limit}
+    if not pred.int32_safe:
+        return _fired("int32-no-overflow", f"K={K} exceeds the int32 bound {pred.k_limit} for products up to "
+                      f"{pred.product_bound}: accumulation may wrap, the integer alibi does not apply", evidence=ev)
+    return _passed("int32-no-overflow", f"K={K} ≤ {pred.k_limit}: no int32 accumulator can wrap", evidence=ev)
+
+
+def lossless_fp32_entry(pred: Prediction | None) -> Verdict:
+    """Fires when the exact max|acc| exceeds 2²⁴: some accumulators may round entering fp32."""
+    if pred is None:
+        return _inapplicable("lossless-fp32-entry", "not an int8 tile: no integer accumulator")
+    ev = {"max_abs_acc": pred.max_abs_acc, "headroom_bits": pred.headroom_bits}
+    if not pred.fp32_lossless:
+        return _fired("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} > 2^24: conversion to fp32 rounds; "
+                      "per-value judgement needed", evidence=ev)
+    return _passed("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} ≤ 2^24 "
+                   f"({pred.headroom_bits:.2f} bits of headroom)", evidence=ev)
+
+
+# 4 -------------------------------------------------------------------------------------------
+def exact_accumulator(reference: torch.Tensor | None, acc_a: torch.Tensor | None,
+                      acc_b: torch.Tensor | None) -> Verdict:
+    """Fires when an exposed int32 accumulator differs from the exact reference (as int32) or the other arm."""
+    exposed = {arm: acc for arm, acc in (("a", acc_a), ("b", acc_b)) if acc is not None}
+    if reference is None:
+        return _inapplicable("exact-accumulator", "no exact reference (not an int8 tile)")
+    if not exposed:
+        return _inapplicable("exact-accumulator", "neither arm exposes its int32 accumulator")
+    expected = int32_wrap(reference)
+    bad: dict[str, Any] = {}
+    for arm, acc in exposed.items():
+        if acc.shape != expected.shape:
+            bad[arm] = {"shape": list(acc.shape)}
+            continue
+        differs = acc.to(torch.int64) != expected.to(torch.int64)
+        if bool(differs.any()):
+            at = _first_mismatch(differs)
+            bad[arm] = {"n_differing": int(differs.sum()), "first": at,
+                        "got": int(acc[tuple(at)]), "expected": int(expected[tuple(at)])}
+    ev = {"exposed_by": sorted(exposed), **({"mismatches": bad} if bad else {})}
+    if bad:
+        return _fired("exact-accumulator", "int32 accumulator differs from the exact reference in arm(s) "
+                      f"{', '.join(sorted(bad))}: an integer-path defect", evidence=ev)
+    return _passed("exact-accumulator", f"accumulator(s) of arm(s) {', '.join(sorted(exposed))} equal the exact "
+                   "reference", evidence=ev)
+
+
+# 5, 6 ----------------------------------------------------------------------------------------
+def _normal_range_mask(reference_fp32: torch.Tensor) -> torch.Tensor:
+    """Elements whose fp32 epilogue value is a finite normal number (or exactly zero)."""
+    a = reference_fp32.abs()
+    return torch.isfinite(reference_fp32) & ((a >= torch.finfo(torch.float32).tiny) | (a == 0))
+
+
+def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, int32_safe: bool,
+                  reference_fp32: torch.Tensor | None) -> Verdict:
+    """Fires when, under power-of-two weight scales, the outputs differ in any bit.
+
+    For finite normal results `rnd(x)·2ᵏ = rnd(x·2ᵏ)`, so every scale order gives the same fp32
+    and the outputs must be bitwise equal. Elements whose exact epilogue value is subnormal or
+    overflows are excluded (commutation fails there), and are counted in the evidence.
+    Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap.
+    """
+    if not bool(is_pow2(s_w).all()):
+        return _inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
+    if not int32_safe:
+        return _inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
+    considered = torch.ones_like(out_a, dtype=torch.bool) if reference_fp32 is None else _normal_range_mask(reference_fp32)
+    differs = ~bitwise_equal_mask(out_a, out_b) & considered
+    ev = {"n_elements": out_a.numel(), "n_excluded_subnormal_or_overflow": int((~considered).sum()),
+          "n_differing": int(differs.sum())}
+    if bool(differs.any()):
+        ev["first"] = _first_mismatch(differs)
+        return _fired("pow2-identity", f"{ev['n_differing']} of {out_a.numel()} outputs differ under power-of-two "
+                      "scales: an epilogue difference that no scale order explains", evidence=ev)
+    return _passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
+
+
+def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: bool,
+                         threshold: int = DEFAULT_ULP_THRESHOLD) -> Verdict:
+    """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ."""
+    if not real_regime:
+        return _inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
+    d = ulp_distance(out_a, out_b)
+    finite = d >= 0
+    nonfinite_mismatch = ~finite & ~bitwise_equal_mask(out_a, out_b)
+    max_ulp = int(d[finite].max()) if bool(finite.any()) else None
+    ev = {"max_ulp": max_ulp, "n_over_threshold": int((d > threshold).sum()),
+          "n_nonfinite_mismatch": int(nonfinite_mismatch.sum())}
+    if max_ulp is None and not bool(nonfinite_mismatch.any()):
+        return _inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
+                             evidence=ev)
+    if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
+        return _fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
+                      f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
+    return _passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}", threshold=threshold,
+                   evidence=ev)
+
+
+# 7 -------------------------------------------------------------------------------------------
+def token_level_risk(flip_rate: float | None = None, bound: float | None = None) -> Verdict:
+    """Fires when the teacher-forced token flip rate exceeds the workload's bound."""
+    if flip_rate is None or bound is None:
+        return _inapplicable("token-level-risk", "needs a teacher-forced replay of a model with both arms; "
+                             "tile conformance has no tokens", threshold=bound)
+    ev = {"flip_rate": flip_rate}
+    if flip_rate > bound:
+        return _fired("token-level-risk", f"flip rate {flip_rate:.4g} > bound {bound:.4g}", threshold=bound, evidence=ev)
+    return _passed("token-level-risk", f"flip rate {flip_rate:.4g} ≤ bound {bound:.4g}", threshold=bound, evidence=ev)
+
+
+# extended ------------------------------------------------------------------------------------
+def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor | None]]) -> Verdict:
+    """Fires when an arm's output differs in any bit from the output of its declared epilogue model.
+
+    `arms` maps an arm label to (declared model name, actual output, model output); an arm without
+    a declared model (or without a model output, e.g. fp8) is not judged, and if no arm can be
+    judged the check is inapplicable.
+    """
+    judged, bad, unjudged = {}, {}, []
+    for arm, (model, out, expected) in arms.items():
+        if model is None or expected is None:
+            unjudged.append(arm)
+            continue
+        differs = ~bitwise_equal_mask(out, expected)
+        d = ulp_distance(out, expected)
+        judged[arm] = model
+        if bool(differs.any()):
+            bad[arm] = {"model": model, "n_differing": int(differs.sum()), "first": _first_mismatch(differs),
+                        "max_ulp": int(d.max()) if d.numel() else None}
+    ev = {"models": judged, "not_judged": unjudged, **({"violations": bad} if bad else {})}
+    if not judged:
+        return _inapplicable("epilogue-model", "no arm declares an epilogue model that can be evaluated here",
+                             evidence=ev)
+    if bad:
+        return _fired("epilogue-model", "; ".join(f"arm {arm} deviates from its declared {v['model']} on "
+                                                  f"{v['n_differing']} elements" for arm, v in bad.items()),
+                      evidence=ev)
+    return _passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
+
+
+def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
+    """Fires when a row computed inside a smaller M (1, 4, 16 rows, various positions) differs from the same row
+    computed inside the full tile. `subsets[arm]` holds (row indices, output rows) pairs."""
+    if not any(subsets.values()):
+        return _inapplicable("m-invariance", "no sub-batches were run")
+    bad: dict[str, Any] = {}
+    sizes = sorted({len(rows) for runs in subsets.values() for rows, _ in runs})
+    for arm, runs in subsets.items():
+        for rows, out in runs:
+            ref = full[arm][rows]
+            differs = ~bitwise_equal_mask(out, ref)
+            if bool(differs.any()):
+                bad.setdefault(arm, []).append({"M": len(rows), "rows": [rows[0], rows[-1]],
+                                                "n_differing": int(differs.sum())})
+    ev = {"sub_batch_sizes": sizes, **({"violations": bad} if bad else {})}
+    if bad:
+        return _fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
+                      evidence=ev)
+    return _passed("m-invariance", f"rows identical at M = {', '.join(map(str, sizes))} and in the full tile",
+                   evidence=ev)
+
+
+def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> Verdict:
+    """Fires when an arm run twice on the same operands gives different bits."""
+    if not first:
+        return _inapplicable("run-to-run", "no repeated runs")
+    bad = {arm: int((~bitwise_equal_mask(first[arm], second[arm])).sum()) for arm in first}
+    bad = {arm: n for arm, n in bad.items() if n}
+    if bad:
+        return _fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
+                      evidence={"n_differing": bad})
+    return _passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(first)})
+
+
+def combine(verdicts: list[Verdict]) -> Verdict:
+    """One summary verdict for a check over many units: fired if any unit fired, applicable if any applied."""
+    check = verdicts[0].check
+    applicable = [v for v in verdicts if v.applicable]
+    fired = [v for v in applicable if v.fired]
+    threshold = next((v.threshold for v in verdicts if v.threshold is not None), None)
+    ev = {"units": len(verdicts), "applicable": len(applicable), "fired": len(fired),
+          "inapplicable": len(verdicts) - len(applicable)}
+    if not applicable:
+        reasons = sorted({v.detail for v in verdicts})
+        return Verdict(check, False, False, "inapplicable: " + "; ".join(reasons[:3]), threshold, ev)
+    if fired:
+        return Verdict(check, True, True, f"fired on {len(fired)} of {len(applicable)} applicable units; first: "
+                       f"{fired[0].detail}", threshold, ev)
+    return Verdict(check, False, True, f"passed on all {len(applicable)} applicable units", threshold, ev)

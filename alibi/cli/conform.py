@@ -1,0 +1,64 @@
+"""`alibi conform`: certify a kernel pair on tiles (captured, or a synthetic preset)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from alibi import atomic
+from alibi.conform import choose_pair, conform, exit_code, progress_printer, validate_regimes
+from alibi.errors import InputError
+from alibi.report import summary_lines, write_reports
+from alibi.synthetic import DEFAULT_PRESET, PRESETS, synthetic_tiles
+from alibi.tile import load_tile_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("conform", help="certify whether two kernels are interchangeable",
+                       description="Run the conformance checks on two kernels. Without kernel flags: cutlass vs "
+                                   "triton with CUDA, else the best CPU pair. Without a source: the built-in "
+                                   f"synthetic preset {DEFAULT_PRESET!r}.")
+    p.add_argument("--kernel-a", help="first kernel (see 'alibi kernels')")
+    p.add_argument("--kernel-b", help="second kernel")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--tiles", type=Path, help="folder of tile .safetensors files")
+    src.add_argument("--synthetic", metavar="PRESET", help=f"synthetic preset: {', '.join(PRESETS)}")
+    p.add_argument("--rows", type=int, help="override the synthetic preset's M (tokens per tile)")
+    p.add_argument("--scales", default="real,pow2", help="scale regimes, comma-separated (default real,pow2)")
+    p.add_argument("--seed", type=int, default=0, help="seed for synthetic tiles (default 0)")
+    p.add_argument("--ulp-threshold", type=int, default=1, help="tolerance of check 6 in ulps (default 1)")
+    p.add_argument("--no-invariance", action="store_true", help="skip the M-invariance and run-to-run checks")
+    p.add_argument("--strict", action="store_true", help="exit 1 on an inconclusive verdict too")
+    p.add_argument("--out", type=Path, default=Path("alibi-report"), help="report folder (default ./alibi-report)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
+    atomic.check_writable_dir(args.out)
+    if args.ulp_threshold < 0:
+        raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
+    if args.tiles is not None:
+        if args.rows is not None:
+            raise InputError("--rows applies to --synthetic presets, not to --tiles")
+        tiles = load_tile_dir(args.tiles)
+        source = {"label": f"tiles in {args.tiles}", "kind": "tiles", "path": str(args.tiles),
+                  "n_tiles": len(tiles)}
+    else:
+        preset = args.synthetic or DEFAULT_PRESET
+        tiles = synthetic_tiles(preset, seed=args.seed, M=args.rows)
+        source = {"label": f"synthetic preset {preset} (seed {args.seed})", "kind": "synthetic", "preset": preset,
+                  "rows": tiles[0].M, "n_tiles": len(tiles)}
+    pair = choose_pair(args.kernel_a, args.kernel_b)
+    if not args.quiet:
+        print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source['label']}, {len(tiles)} tiles × "
+              f"{len(regimes)} regimes", file=sys.stderr)
+    report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
+                     ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
+                     progress=None if args.quiet else progress_printer())
+    write_reports(report, args.out)
+    print("\n".join(summary_lines(report)))
+    print(f"  report: {args.out}/report.json, report.md, junit.xml")
+    return exit_code(report, strict=args.strict)

@@ -1,0 +1,86 @@
+"""`alibi manifest write|verify`: pin an artifact folder by hash, check one, or check two arms' identity."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from alibi.errors import InputError
+from alibi.governance.identity import TREATMENTS, compare_manifests
+from alibi.governance.manifest import (
+    KINDS,
+    build_predicate,
+    manifest_path,
+    resource,
+    statement_problems,
+    verify_files,
+    write_manifest,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("manifest", help="write and verify hash-pinned artifact manifests",
+                                   description=__doc__)
+    sub = parser.add_subparsers(dest="manifest_command", required=True, parser_class=type(parser))
+
+    w = sub.add_parser("write", help="write DIR/manifest.json covering every file in DIR")
+    w.add_argument("folder", type=Path, help="the artifact folder")
+    w.add_argument("--kind", required=True, help=f"artifact kind, e.g. {', '.join(KINDS)}")
+    w.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
+                   help="an input the artifact was made from (checkpoint, prompts, tokenizer, "
+                        "quantization_config, tiles); pinned by its sha256 (repeatable)")
+    w.add_argument("--seed", type=int, default=None, help="the random seed used, if any")
+    w.set_defaults(func=_write)
+
+    v = sub.add_parser("verify", help="check one manifest's files, or the identity contract between two",
+                       description="With one manifest: every covered file still matches its digest. With two: "
+                                   "they differ in nothing but the declared treatment (exit 1 otherwise).")
+    v.add_argument("a", type=Path, help="a manifest.json or the folder holding it")
+    v.add_argument("b", type=Path, nargs="?", help="the other arm's manifest (identity contract)")
+    v.add_argument("--treatment", action="append", default=None, metavar="NAME|FIELD",
+                   help=f"what may differ: {', '.join(TREATMENTS)} or a dotted predicate field such as "
+                        "inputs.checkpoint (repeatable; default: kernel)")
+    v.add_argument("--json", action="store_true", help="print the identity record as JSON")
+    v.set_defaults(func=_verify)
+
+
+def _write(args: argparse.Namespace) -> int:
+    inputs = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input {item!r}: expected NAME=PATH, e.g. --input prompts=prompts/eval.jsonl")
+        inputs[name] = resource(path, path)
+    path = write_manifest(args.folder, args.kind, build_predicate(inputs=inputs, seed=args.seed))
+    print(f"wrote {path}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    if args.b is None:
+        p = manifest_path(args.a)
+        if not p.is_file():
+            raise InputError(f"{p}: no such manifest")
+        try:
+            statement = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{p}: not valid JSON ({exc})") from None
+        problems = statement_problems(statement)
+        problems += [] if problems else verify_files(p)
+        for msg in problems:
+            print(f"FAIL {msg}")
+        print(f"{p}: " + ("every covered file matches its digest" if not problems else f"{len(problems)} problem(s)"))
+        return 1 if problems else 0
+    record = compare_manifests(args.a, args.b, args.treatment or ["kernel"])
+    if args.json:
+        print(json.dumps(record.as_dict(), indent=2, sort_keys=True))
+    else:
+        for msg in record.problems:
+            print(f"FAIL {msg}")
+        if record.verified:
+            differing = ", ".join(record.differing) or "nothing"
+            print(f"identity holds: only the treatment may differ; differing: {differing}")
+        else:
+            print(f"identity contract broken: {len(record.problems)} problem(s)")
+    return 0 if record.verified else 1

@@ -1,0 +1,73 @@
+"""`alibi prereg init|lock|amend|verify|status DIR`: pre-registered protocols pinned by hash."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from alibi.governance import prereg
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("prereg", help="pre-register a protocol: init, lock, amend, verify, status",
+                                   description=__doc__)
+    sub = parser.add_subparsers(dest="prereg_command", required=True, parser_class=type(parser))
+    for name, help_text, func in (
+        ("init", "create DIR with a protocol.md template, analysis.yaml and predictions/", _init),
+        ("lock", "pin the sha256 of every file in DIR (once, before measuring)", _lock),
+        ("amend", "record changed files in the hash-chained amendment log", _amend),
+        ("verify", "exit 1 unless the files match the lock plus amendments", _verify),
+        ("status", "show the lock, the amendments and any unrecorded change", _status),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("folder", type=Path, help="the protocol folder, e.g. prereg/my-study")
+        if name == "amend":
+            p.add_argument("--reason", required=True, help="what changed and why (kept in the log)")
+        if name == "init":
+            p.add_argument("--title", default=None, help="the protocol's title (default: from the folder name)")
+        p.set_defaults(func=func)
+
+
+def _init(args: argparse.Namespace) -> int:
+    for path in prereg.init(args.folder, args.title):
+        print(f"wrote {path}")
+    print(f"edit the protocol, predictions and parameters, then: alibi prereg lock {args.folder}")
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    digest = prereg.lock(args.folder)
+    print(f"locked {args.folder}: lock sha256 {digest}")
+    print("commit the folder now, before any measurement it governs")
+    return 0
+
+
+def _amend(args: argparse.Namespace) -> int:
+    head = prereg.amend(args.folder, args.reason)
+    print(f"amended {args.folder}: head sha256 {head}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    st = prereg.state(args.folder)
+    for msg in st.problems:
+        print(f"FAIL {msg}")
+    if st.problems:
+        print(f"{args.folder}: {len(st.problems)} problem(s)")
+        return 1
+    print(f"{args.folder}: verified; lock {st.lock_sha256}, {st.amendments} amendment(s), head {st.head_sha256}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    st = prereg.state(args.folder)
+    print(f"protocol  {args.folder}")
+    print(f"locked    {'yes' if st.locked else 'no'}" + (f" (lock sha256 {st.lock_sha256})" if st.lock_sha256 else ""))
+    if st.locked:
+        print(f"amended   {st.amendments} time(s); head sha256 {st.head_sha256}")
+    for c in st.pending:
+        print(f"pending   {c.change:<8} {c.path}")
+    for msg in st.problems:
+        if "without an amendment" not in msg and "not locked" not in msg:
+            print(f"damaged   {msg}")
+    return 0

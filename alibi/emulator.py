@@ -1,0 +1,200 @@
+"""The exact reference: int32 accumulators, headroom predictions and bit-exact epilogue models.
+
+Accumulator. Every product of two int8 values is an integer of magnitude ≤ 2¹⁴, and every partial
+sum of a K ≤ 131,071 dot product is an integer below 2³¹ < 2⁵³. float64 represents all of them
+exactly, so a float64 GEMM of the int8 operands is exact *whatever* order or fused multiply-adds
+the BLAS uses. That is the emulator's accumulator path: exact by construction, at fp64 GEMM speed.
+
+Epilogue models. A kernel's epilogue is a short program over fp32: convert the int32 accumulator
+(round to nearest even), multiply by the two scales in some order (each product rounded to fp32),
+maybe add a bias, and round to the output dtype. PyTorch's CPU fp32 elementwise operations and
+casts are IEEE round-to-nearest-even, so running the same program with torch on the CPU gives
+the bits an IEEE-conforming GPU would. The one operation CPUs do not offer through torch is a
+fused multiply-add; `fma_f32` emulates it exactly (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from alibi.errors import InputError
+from alibi.numerics import round_to
+from alibi.tile import Tile
+
+Order = Literal["w_then_a", "a_then_w", "product_first"]
+BiasMode = Literal["fma", "add_before_cast", "add_after_cast"]
+ORDERS: tuple[str, ...] = ("w_then_a", "a_then_w", "product_first")
+BIAS_MODES: tuple[str, ...] = ("fma", "add_before_cast", "add_after_cast")
+
+FP32_EXACT_LIMIT = 2**24
+INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class EpilogueModel:
+    """How a kernel turns an int32 accumulator into its output.
+
+    order: which scale multiplies first — `w_then_a` = `RN32(s_a·RN32(s_w·acc))` (vLLM CUTLASS),
+      `a_then_w` = `RN32(s_w·RN32(s_a·acc))` (vLLM Triton), `product_first` = `RN32(acc·RN32(s_a·s_w))`.
+    bias: how a bias enters — `fma`: fused into the last multiplication, one rounding;
+      `add_before_cast`: a separate fp32 add before the output cast; `add_after_cast`: the
+      output is cast first, then the bias is added and the sum cast again (two roundings).
+    """
+
+    order: Order
+    bias: BiasMode = "fma"
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise InputError(f"epilogue order {self.order!r} is unknown; choose one of {', '.join(ORDERS)}")
+        if self.bias not in BIAS_MODES:
+            raise InputError(f"bias mode {self.bias!r} is unknown; choose one of {', '.join(BIAS_MODES)}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.order}+{self.bias}"
+
+    @classmethod
+    def parse(cls, text: str) -> EpilogueModel:
+        """`w_then_a`, `a_then_w+add_after_cast`, ... (bias mode defaults to `fma`)."""
+        order, _, bias = text.partition("+")
+        return cls(order, bias or "fma")  # type: ignore[arg-type]
+
+
+# The epilogues of the two vLLM int8 kernels, read from their source (science.md §3).
+VLLM_CUTLASS = EpilogueModel("w_then_a", "fma")
+VLLM_TRITON = EpilogueModel("a_then_w", "add_after_cast")
+
+
+def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """The exact int32-path accumulator `a_q @ w_qᵀ` as int64 [M,N] (fp64 GEMM; see module docstring)."""
+    if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
+        raise InputError(f"exact_accumulator needs int8 operands, got {a_q.dtype} and {w_q.dtype}")
+    acc = a_q.cpu().to(torch.float64) @ w_q.cpu().to(torch.float64).T
+    return acc.to(torch.int64)
+
+
+def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
+    """The value an int32 register holds for an integer accumulator (two's-complement wrap)."""
+    return ((acc.to(torch.int64) + INT32_LIMIT) % (2 * INT32_LIMIT) - INT32_LIMIT).to(torch.int32)
+
+
+def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Exactly rounded fp32 fused multiply-add `RN32(x·y + z)` on the CPU.
+
+    `x·y` of two fp32 values is exact in fp64 (48 ≤ 53 significant bits). The fp64 sum `s = p + z`
+    may round; TwoSum recovers its error `e` exactly, so `p + z = s + e`. Rounding `s` to fp32
+    equals rounding `s + e` unless `s` lies exactly halfway between two fp32 neighbours and `e ≠ 0`:
+    fp32 midpoints are fp64 numbers, so if `s + e` were on the other side of a midpoint `m ≠ s`,
+    `m` would be a closer fp64 value than `s` — impossible. In the halfway case the exact value
+    lies strictly on the side of `e`, and that neighbour is the answer. (fp64 overflow of `s`
+    cannot happen for fp32 operands.)
+    """
+    x, y, z = torch.broadcast_tensors(x.to(torch.float32), y.to(torch.float32), z.to(torch.float32))
+    xn, yn, zn = (t.contiguous().numpy().astype(np.float64) for t in (x, y, z))
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = xn * yn
+        s = p + zn
+        bv = s - p
+        err = (p - (s - bv)) + (zn - bv)
+        r = s.astype(np.float32)
+        r64 = r.astype(np.float64)
+        other = np.nextafter(r, np.where(r64 < s, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32))
+        halfway = ((r64 + other.astype(np.float64)) / 2 == s) & (r64 != s)
+        toward_other = np.sign(err) == np.sign(other.astype(np.float64) - s)
+        r = np.where(halfway & (err != 0) & toward_other & np.isfinite(err), other, r)
+    return torch.from_numpy(np.ascontiguousarray(r, dtype=np.float32))
+
+
+def apply_epilogue(
+    model: EpilogueModel,
+    acc: torch.Tensor,
+    s_a: torch.Tensor,
+    s_w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """Run `model` bit-exactly on the CPU: integer accumulator [M,N] → `out_dtype` [M,N].
+
+    `acc` may be int64 (as from `exact_accumulator`); it is first taken to int32 the way the
+    hardware register holds it, then converted to fp32 with round-to-nearest-even.
+    `s_a` is [M] (or [1]), `s_w` is [N] (or [1]).
+    """
+    accf = int32_wrap(acc.cpu()).to(torch.float32) if not acc.is_floating_point() else acc.cpu().to(torch.float32)
+    sa = s_a.cpu().to(torch.float32).reshape(-1, 1)
+    sw = s_w.cpu().to(torch.float32).reshape(1, -1)
+    if model.order == "w_then_a":
+        first, last = accf * sw, sa
+    elif model.order == "a_then_w":
+        first, last = accf * sa, sw
+    else:
+        first, last = accf, sa * sw
+    if bias is None:
+        return round_to(first * last, out_dtype)
+    b = bias.cpu().to(torch.float32).reshape(1, -1)
+    if model.bias == "fma":
+        return round_to(fma_f32(last, first, b), out_dtype)
+    if model.bias == "add_before_cast":
+        return round_to(first * last + b, out_dtype)
+    cast = round_to(first * last, out_dtype).to(torch.float32)
+    return round_to(cast + b, out_dtype)
+
+
+def run_model(model: EpilogueModel, tile: Tile, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """The output `model` prescribes for `tile` (computing the exact accumulator unless given)."""
+    if acc is None:
+        acc = exact_accumulator(tile.a_q, tile.w_q)
+    return apply_epilogue(model, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the exact emulation says about a tile before any kernel runs.
+
+    product_bound: the largest |a·w| the operands allow (16256 when at most one operand contains
+      −128, 16384 when both do); k_limit: the largest K with `product_bound·K < 2³¹`;
+    int32_safe: K ≤ k_limit, so no int32 accumulator can wrap (check 2);
+    fp32_lossless: max|acc| ≤ 2²⁴, so every accumulator enters fp32 exactly (check 3);
+    headroom_bits: log2(2²⁴ / max|acc|) (inf for an all-zero accumulator);
+    prediction: `bitwise-safe` when both hold — then two correct kernels may differ only in their
+      epilogue arithmetic — else `eligible-to-diverge`.
+    """
+
+    max_abs_acc: int
+    headroom_bits: float
+    product_bound: int
+    k_limit: int
+    int32_safe: bool
+    fp32_lossless: bool
+    prediction: str
+
+
+def product_bound(a_q: torch.Tensor, w_q: torch.Tensor) -> int:
+    a_min = bool((a_q == -128).any())
+    w_min = bool((w_q == -128).any())
+    return 128 * 128 if (a_min and w_min) else 128 * 127
+
+
+def predict(a_q: torch.Tensor, w_q: torch.Tensor, acc: torch.Tensor | None = None) -> Prediction:
+    """Headroom and safety prediction for one int8 GEMM from its exact accumulator."""
+    if acc is None:
+        acc = exact_accumulator(a_q, w_q)
+    max_abs = int(acc.abs().max()) if acc.numel() else 0
+    bound = product_bound(a_q, w_q)
+    k_limit = (INT32_LIMIT - 1) // bound
+    int32_safe = a_q.shape[1] <= k_limit
+    lossless = max_abs <= FP32_EXACT_LIMIT
+    headroom = math.inf if max_abs == 0 else math.log2(FP32_EXACT_LIMIT / max_abs)
+    return Prediction(max_abs, headroom, bound, k_limit, int32_safe, lossless,
+                      "bitwise-safe" if (int32_safe and lossless) else "eligible-to-diverge")
+
+
+def predict_tile(tile: Tile, acc: torch.Tensor | None = None) -> Prediction:
+    if tile.fmt != "int8":
+        raise InputError(f"tile {tile.name!r}: headroom predictions apply to int8 tiles, not {tile.fmt}")
+    return predict(tile.a_q, tile.w_q, acc)

@@ -1,0 +1,161 @@
+"""Where a result was computed: the toolkit's own version and commit, and the software and hardware.
+
+Two runs are comparable only if these agree, so every manifest predicate carries them and the
+identity contract compares them field by field. Everything here is read, never guessed: a value
+that cannot be found is `None`, not a default. Nothing depends on the clock or on the host name,
+so the same machine gives the same record on every call (the resume of an interrupted run relies
+on that).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import alibi
+
+_GIT_TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """This package: `version` (alibi.__version__), `git_commit` (HEAD of the source checkout it runs
+    from, None outside one), `git_dirty` (tracked files differ from HEAD; None when unknown)."""
+
+    name: str
+    version: str
+    git_commit: str | None
+    git_dirty: bool | None
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Software and hardware: versions of Python/torch/triton/numpy, the CUDA runtime torch was
+    built for, the NVIDIA driver, the GPUs torch sees (name and compute capability), and the CPU."""
+
+    python: str
+    platform: str
+    cpu: str | None
+    torch: str | None
+    triton: str | None
+    numpy: str | None
+    cuda: str | None
+    driver: str | None
+    gpus: tuple[dict[str, str], ...]
+
+
+def _git(root: Path, *args: str) -> str | None:
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        done = subprocess.run([git, "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=_GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def toolkit() -> Toolkit:
+    """The running toolkit's version and, when it runs from a git checkout, its commit."""
+    root = Path(alibi.__file__).resolve().parent.parent
+    commit = dirty = None
+    if (root / ".git").exists():
+        commit = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+        status = _git(root, "status", "--porcelain", "--untracked-files=no")
+        dirty = None if status is None or commit is None else bool(status)
+    return Toolkit("integer-alibi", alibi.__version__, commit or None, dirty)
+
+
+def _version(module: str) -> str | None:
+    try:
+        return str(__import__(module).__version__)
+    except Exception:  # noqa: BLE001 - an absent or broken package is recorded as unknown
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _driver() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+(?:\.\d+)+)", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def _gpus() -> tuple[dict[str, str], ...]:
+    try:
+        import torch
+    except ImportError:
+        return ()
+    if not torch.cuda.is_available():
+        return ()
+    out = []
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        out.append({"name": torch.cuda.get_device_name(i), "capability": f"{major}.{minor}"})
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Environment:
+    """The software and hardware this process runs on (computed once per process)."""
+    try:
+        import torch
+        cuda = torch.version.cuda
+    except ImportError:
+        cuda = None
+    return Environment(
+        python=platform.python_version(),
+        platform=f"{platform.system()}-{platform.machine()}",
+        cpu=_cpu_model(),
+        torch=_version("torch"),
+        triton=_version("triton"),
+        numpy=_version("numpy"),
+        cuda=cuda,
+        driver=_driver(),
+        gpus=_gpus(),
+    )
+
+
+def toolkit_record() -> dict[str, Any]:
+    """`toolkit()` as a plain dict, ready for a manifest predicate."""
+    return asdict(toolkit())
+
+
+def environment_record() -> dict[str, Any]:
+    """`environment()` as a plain dict (GPU list as a JSON list), ready for a manifest predicate."""
+    record = asdict(environment())
+    record["gpus"] = [dict(g) for g in record["gpus"]]
+    return record
+
+
+__all__ = ["Environment", "Toolkit", "environment", "environment_record", "toolkit", "toolkit_record"]

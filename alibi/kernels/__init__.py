@@ -1,0 +1,90 @@
+"""Kernel registry: built-in kernels (imported lazily) plus the `alibi.kernels` entry-point group.
+
+Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
+`torch-cpu`, `triton`, and the GPU kernels registered below. A third-party package registers its
+own kernel under the entry-point group `alibi.kernels` (`name = "pkg.module:KernelClass"`); the
+object loaded must be a zero-argument callable returning a `Kernel`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from alibi.emulator import ORDERS, EpilogueModel
+from alibi.errors import InputError
+from alibi.kernels.base import Kernel, KernelOutput
+
+# name -> "module:attribute" of a zero-argument factory, imported only when asked for.
+_BUILTIN: dict[str, str] = {
+    "torch-cpu": "alibi.kernels.cpu:TorchCpuKernel",
+    "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
+    "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
+}
+_EXTRA: dict[str, Callable[[], Kernel]] = {}
+
+
+def register(name: str, factory: Callable[[], Kernel]) -> None:
+    """Register a kernel factory at run time (tests, notebooks). Entry points are the packaged way."""
+    _EXTRA[name] = factory
+
+
+def _plugins() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group="alibi.kernels")}
+
+
+def kernel_names() -> list[str]:
+    emulators = [f"emulator:{o}" for o in ORDERS]
+    return emulators + sorted(_BUILTIN) + sorted(_EXTRA) + sorted(_plugins())
+
+
+class UnavailableKernel(Kernel):
+    """Stands in for a built-in kernel whose module cannot be imported here; it never runs."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self._reason = name, reason
+
+    def available(self) -> tuple[bool, str]:
+        return False, self._reason
+
+
+def _load(name: str, target: str) -> Kernel:
+    module, _, attr = target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        return UnavailableKernel(name, f"cannot import {module} ({exc}); install the missing package")
+    return factory()
+
+
+def get_kernel(name: str) -> Kernel:
+    """The kernel called `name`; InputError listing the known names otherwise."""
+    if name.startswith("emulator:"):
+        return _emulator(name)
+    if name in _EXTRA:
+        return _EXTRA[name]()
+    if name in _BUILTIN:
+        return _load(name, _BUILTIN[name])
+    plugins = _plugins()
+    if name in plugins:
+        kernel = plugins[name].load()()  # type: ignore[attr-defined]
+        if not isinstance(kernel, Kernel):
+            raise InputError(f"plugin kernel {name!r} did not return an alibi.kernels.Kernel")
+        return kernel
+    raise InputError(f"unknown kernel {name!r}; known kernels: {', '.join(kernel_names())} "
+                     "(see 'alibi kernels')")
+
+
+def _emulator(name: str) -> Kernel:
+    from alibi.kernels.cpu import EmulatorKernel
+
+    spec = name.removeprefix("emulator:")
+    try:
+        model = EpilogueModel.parse(spec)
+    except InputError as exc:
+        raise InputError(f"unknown kernel {name!r}: {exc}") from None
+    return EmulatorKernel(model)
+
+
+__all__ = ["Kernel", "KernelOutput", "get_kernel", "kernel_names", "register"]

@@ -1,0 +1,59 @@
+"""CPU kernels: the exact emulator under any epilogue model, and `torch._int_mm` on the CPU.
+
+`torch-cpu` is a real instruction path (oneDNN/FBGEMM integer GEMM), not a reference: some CPU
+int8 paths pair products through a saturating 16-bit intermediate (oneDNN documents this for
+AVX2/AVX-512 without VNNI), so its accumulator is exposed and checked like any GPU kernel's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.kernels.base import Kernel
+
+
+class EmulatorKernel(Kernel):
+    """The exact accumulator followed by a chosen epilogue model, on the CPU."""
+
+    formats = ("int8",)
+    device = "cpu"
+
+    def __init__(self, epilogue: EpilogueModel):
+        self.epilogue = epilogue
+        self.name = f"emulator:{epilogue.order}" + ("" if epilogue.bias == "fma" else f"+{epilogue.bias}")
+        self.description = f"exact fp64 accumulator + {epilogue.name} epilogue (reference)"
+
+    def available(self) -> tuple[bool, str]:
+        return True, "reference emulator (CPU, exact by construction)"
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        return apply_epilogue(self.epilogue, exact_accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)
+
+    def accumulator(self, a_q, w_q):
+        return exact_accumulator(a_q, w_q).to(torch.int32)
+
+
+class TorchCpuKernel(Kernel):
+    """`torch._int_mm` on the CPU (int32 accumulator) plus the declared epilogue, run in fp32 torch ops."""
+
+    name = "torch-cpu"
+    formats = ("int8",)
+    device = "cpu"
+    epilogue = EpilogueModel("w_then_a", "add_before_cast")
+    description = "torch._int_mm on the CPU + w_then_a epilogue in torch fp32 ops"
+
+    def available(self) -> tuple[bool, str]:
+        if not hasattr(torch, "_int_mm"):
+            return False, f"torch {torch.__version__} has no torch._int_mm; install torch>=2.2"
+        return True, f"torch._int_mm on the CPU (torch {torch.__version__})"
+
+    def accumulator(self, a_q, w_q):
+        return torch._int_mm(a_q.contiguous(), w_q.T.contiguous())
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        y = self.accumulator(a_q, w_q).to(torch.float32) * s_w.reshape(1, -1)
+        y = y * s_a.reshape(-1, 1)
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+        return y.to(out_dtype)

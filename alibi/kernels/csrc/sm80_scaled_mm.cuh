@@ -1,0 +1,148 @@
+// Scaled int8 GEMM for Ampere and Ada (sm_80, sm_86, sm_89; it also runs on later GPUs that keep
+// the warp-level mma.sync instructions), written against the CUTLASS 2 API with an sm80
+// epilogue visitor tree. The epilogue is the same program as the sm90 path
+// (sm90_scaled_mm.cuh), step for step:
+//
+//   out[m, n] = cast_RN( fma_rn( s_a[m], mul_rn( s_w[n], float(acc[m, n]) ), bias[n] ) )
+//
+// with bias = -0.0f when absent (the exact identity of addition, see sm90_scaled_mm.cuh).
+//
+// The mainloop accumulates int8 products in int32 with mma.sync ... .satfinite
+// (OpMultiplyAddSaturate, as vLLM's c2x kernels). Saturation can only act when a partial sum
+// leaves the int32 range; below the int32 bound of science.md §2 (|acc| <= b*K < 2^31) it is
+// never reached, and the accumulator is the exact integer sum.
+
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
+#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
+#include "cutlass/gemm_coord.h"
+#include "cutlass/numeric_types.h"
+
+#include "alibi_status.h"
+#include "rn_functors.h"
+
+namespace alibi::sm80 {
+
+using namespace cute;
+namespace tb = cutlass::epilogue::threadblock;
+
+struct Problem {
+  void* d;
+  void const* a;
+  void const* b;
+  float const* s_a;
+  float const* s_w;
+  float const* bias;
+  int M, N, K;
+  cudaStream_t stream;
+};
+
+constexpr auto RN = cutlass::FloatRoundStyle::round_to_nearest;
+using StrideD = Stride<int64_t, _1, _0>;
+
+// The scaled output. ThreadMap describes how the epilogue's threads walk the output tile.
+template <class ThreadMap, class ElementOut>
+struct ScaledEpilogue {
+  using ScaleW = tb::VisitorRowBroadcast<ThreadMap, float, Stride<_0, _1, _0>>;
+  using ScaleA = tb::VisitorColBroadcast<ThreadMap, float, Stride<_1, _0, _0>>;
+  using Bias = tb::VisitorRowBroadcast<ThreadMap, float, Stride<_0, _1, _0>>;
+  using WeightScaled =
+      tb::Sm80EVT<tb::VisitorCompute<alibi::MulRn, float, float, RN>, ScaleW, tb::VisitorAccFetch>;
+  using Scaled = tb::Sm80EVT<tb::VisitorCompute<alibi::FmaRn, ElementOut, float, RN>, ScaleA,
+                             WeightScaled, Bias>;
+  using Store = tb::VisitorAuxStore<ThreadMap, ElementOut, RN, StrideD>;
+  using Tree = tb::Sm80EVT<Store, Scaled>;
+
+  static typename Tree::Arguments arguments(Problem const& p) {
+    return {{
+                {p.s_a, 0.0f, {}},            // ScaleA
+                {{p.s_w, 0.0f, {}}, {}, {}},  // WeightScaled = (ScaleW, acc, multiply)
+                {p.bias, -0.0f, {}},          // Bias: null reads as -0.0f, the exact identity
+                {}},                          // fma
+            {static_cast<ElementOut*>(p.d), StrideD{p.N, _1{}, _0{}}}};
+  }
+};
+
+// The raw int32 accumulator, stored without conversion.
+template <class ThreadMap, class ElementAcc>
+struct AccumulatorEpilogue {
+  using Store = tb::VisitorAuxStore<ThreadMap, ElementAcc, RN, StrideD>;
+  using Tree = tb::Sm80EVT<Store, tb::VisitorAccFetch>;
+  static typename Tree::Arguments arguments(Problem const& p) {
+    return {{}, {static_cast<ElementAcc*>(p.d), StrideD{p.N, _1{}, _0{}}}};
+  }
+};
+
+template <template <class, class> class Epilogue, class ElementD, class TileShape, class WarpShape,
+          int Stages>
+struct Gemm {
+  // The epilogue visits fp32-sized elements four at a time (16-byte accesses).
+  using ThreadMap = tb::OutputTileThreadLayout<TileShape, WarpShape, float, 4, 1>;
+  using Epi = Epilogue<ThreadMap, ElementD>;
+  using Kernel = typename cutlass::gemm::kernel::DefaultGemmWithVisitor<
+      int8_t, cutlass::layout::RowMajor, cutlass::ComplexTransform::kNone, 16,     // A [M,K]
+      int8_t, cutlass::layout::ColumnMajor, cutlass::ComplexTransform::kNone, 16,  // W [N,K]
+      float, cutlass::layout::RowMajor, 4,                                         // (no C)
+      int32_t, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, TileShape, WarpShape,
+      cutlass::gemm::GemmShape<16, 8, 32>, typename Epi::Tree,
+      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, Stages,
+      cutlass::arch::OpMultiplyAddSaturate, 1>::GemmKernel;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static int run(Problem const& p, const char* what) {
+    typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                    cutlass::gemm::GemmCoord{p.M, p.N, p.K},
+                                    1,  // batch count
+                                    Epi::arguments(p),
+                                    p.a,
+                                    p.b,
+                                    nullptr,
+                                    nullptr,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    p.K,  // lda: A row-major [M,K]
+                                    p.K,  // ldb: W row-major [N,K] = column-major [K,N]
+                                    p.N,
+                                    p.N};
+    return launch<Device>(args, p.stream, what);
+  }
+};
+
+// Configurations by M, as vLLM's sm80 dispatch (scaled_mm_c2x_sm80_dispatch.cuh):
+//   0 M<=16, 1 M<=32, 2 M<=64 (or M<=128 with N<8192), 3 otherwise.
+inline int choose_config(int M, int N) {
+  if (M <= 16) return 0;
+  if (M <= 32) return 1;
+  if (M <= 64 || (M <= 128 && N < 8192)) return 2;
+  return 3;
+}
+
+template <template <class, class> class Epilogue, class ElementD>
+int run_config(int config, Problem const& p, const char* what) {
+  using cutlass::gemm::GemmShape;
+  switch (config) {
+    case 0:
+      return Gemm<Epilogue, ElementD, GemmShape<16, 64, 128>, GemmShape<16, 64, 64>, 5>::run(p, what);
+    case 1:
+      return Gemm<Epilogue, ElementD, GemmShape<32, 64, 128>, GemmShape<32, 64, 64>, 5>::run(p, what);
+    case 2:
+      return Gemm<Epilogue, ElementD, GemmShape<64, 128, 128>, GemmShape<64, 64, 64>, 5>::run(p, what);
+    case 3:
+      return Gemm<Epilogue, ElementD, GemmShape<128, 128, 64>, GemmShape<64, 64, 64>, 5>::run(p, what);
+    default:
+      return fail(kBadArgument, what, "unknown configuration id");
+  }
+}
+
+}  // namespace alibi::sm80

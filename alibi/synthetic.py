@@ -1,0 +1,105 @@
+"""Seeded synthetic tiles with the layer shapes and operand statistics of real models.
+
+Activations are drawn heavy-tailed (Student-t, 4 degrees of freedom) with a few outlier channels
+(about 1% of K, scaled ×8, the pattern LLM activations show) and quantized per token with vLLM's
+dynamic convention; weights are Gaussian, quantized per channel with the compressed-tensors
+convention (scale = absmax/127.5, stored in bf16 as checkpoints do, then
+widened to fp32). Same preset + seed → the same bits on every machine (torch's CPU generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from alibi.errors import InputError
+from alibi.quant import quantize_per_token, quantize_weight_per_channel, weight_scale_per_channel
+from alibi.tile import Tile
+
+# (layer kind, K, N) of one decoder block: q, k, v, o, gate, up, down.
+SMOLLM2_135M_BLOCK = (("q_proj", 576, 576), ("k_proj", 576, 192), ("v_proj", 576, 192), ("o_proj", 576, 576),
+                      ("gate_proj", 576, 1536), ("up_proj", 576, 1536), ("down_proj", 1536, 576))
+QWEN3_1_7B_BLOCK = (("q_proj", 2048, 2048), ("k_proj", 2048, 1024), ("v_proj", 2048, 1024),
+                    ("o_proj", 2048, 2048), ("gate_proj", 2048, 6144), ("up_proj", 2048, 6144),
+                    ("down_proj", 6144, 2048))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A synthetic operand set: `layers` decoder blocks of `block` shapes, `M` tokens per tile.
+
+    bias: give every tile a bf16 bias (exercises the bias modes of the epilogues).
+    """
+
+    name: str
+    model: str
+    block: tuple[tuple[str, int, int], ...]
+    layers: int
+    M: int
+    bias: bool = False
+    description: str = ""
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("smollm2-135m", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32,
+           description="one decoder block of SmolLM2-135M (7 tiles), 32 tokens: the built-in default"),
+    Preset("smollm2-135m-bias", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, bias=True,
+           description="as smollm2-135m with a bf16 bias on every layer"),
+    Preset("smollm2-135m-full", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 30, 512,
+           description="all 210 decoder linear layers of SmolLM2-135M at M=512 (GPU-sized)"),
+    Preset("qwen3-1.7b", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 1, 512,
+           description="one decoder block of Qwen3-1.7B (7 tiles) at M=512"),
+    Preset("qwen3-1.7b-full", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 28, 512,
+           description="all 196 decoder linear layers of Qwen3-1.7B at M=512 (GPU-sized)"),
+    Preset("tiny", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8,
+           description="two small tiles for tests"),
+)}
+DEFAULT_PRESET = "smollm2-135m"
+
+
+def _student_t(gen: torch.Generator, shape: tuple[int, ...], df: int = 4) -> torch.Tensor:
+    """Student-t samples from a seeded generator: normal / sqrt(chi2/df), chi2 from a sum of squares."""
+    z = torch.randn(shape, generator=gen)
+    chi2 = torch.randn((*shape, df), generator=gen).pow(2).sum(-1)
+    return z / torch.sqrt(chi2 / df)
+
+
+def _operands(gen: torch.Generator, M: int, K: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 activations [M,K] and weights [N,K] with a shared direction `d`.
+
+    Activations: Student-t noise, ~1% outlier channels ×8, plus a per-token multiple of `d`;
+    weights: N(0, 0.02²) plus a per-channel multiple of `d`. The shared component makes dot
+    products add up coherently, as in trained layers: the accumulators reach 2²⁰–2²² (2.5–4.5
+    bits of headroom below 2²⁴ at these shapes, like the real Qwen3 layers in science.md §6)
+    instead of the ~2¹⁷ independent operands would give.
+    """
+    d = torch.sign(torch.randn(K, generator=gen))
+    x = _student_t(gen, (M, K))
+    outliers = torch.randperm(K, generator=gen)[: max(1, K // 100)]
+    x[:, outliers] *= 8.0
+    x = x + torch.randn((M, 1), generator=gen) * d
+    w = 0.02 * torch.randn((N, K), generator=gen) + 0.006 * torch.randn((N, 1), generator=gen) * d
+    return x.to(torch.bfloat16), w.to(torch.bfloat16)
+
+
+def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Tile]:
+    """The tiles of `preset` for `seed` (M overrides the preset's token count)."""
+    if preset not in PRESETS:
+        raise InputError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    rows = p.M if M is None else M
+    if rows < 1:
+        raise InputError(f"synthetic M must be at least 1, got {rows}")
+    gen = torch.Generator().manual_seed(seed)
+    tiles = []
+    for layer in range(p.layers):
+        for kind, K, N in p.block:
+            x, w = _operands(gen, rows, K, N)
+            a_q, s_a = quantize_per_token(x)
+            w_q, s_w = quantize_weight_per_channel(w, weight_scale_per_channel(w, torch.bfloat16))
+            bias = (0.05 * torch.randn(N, generator=gen)).to(torch.bfloat16) if p.bias else None
+            meta = {"source": f"synthetic:{preset}", "seed": str(seed), "model": p.model,
+                    "layer": str(layer), "kind": kind}
+            tiles.append(Tile(f"layers.{layer}.{kind}", a_q, s_a, w_q, s_w, bias, torch.bfloat16, meta).validate())
+    return tiles

@@ -1,0 +1,197 @@
+"""Tiles: one GEMM invocation's operands, and their stable on-disk format.
+
+A tile is one `.safetensors` file:
+
+| tensor | dtype | shape | meaning |
+|---|---|---|---|
+| `a_q` | int8 (or float8_e4m3fn) | `[M,K]` | quantized activations |
+| `s_a` | float32 | `[M]` (fp8: `[M]` or `[1]`) | per-token activation scale |
+| `w_q` | int8 (or float8_e4m3fn) | `[N,K]` | quantized weights |
+| `s_w` | float32 | `[N]` (fp8: `[N]` or `[1]`) | per-channel weight scale |
+| `bias` (optional) | bfloat16, float16 or float32 | `[N]` | added in the epilogue |
+
+String metadata: `name` (the tile's name; default: the file stem), `out_dtype` (`bfloat16` or
+`float16`; default `bfloat16`), and any other keys, kept in `Tile.meta`. The product is
+`Y = out_dtype( float(a_q @ w_qᵀ) · s_a[:,None] · s_w[None,:] (+ bias) )`.
+
+Loading validates everything and raises InputError naming the file and the problem; it never
+repairs a tile. Subnormal scales are valid (and reported by the checks), zero, negative and
+non-finite scales are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from alibi import atomic
+from alibi.errors import InputError
+from alibi.numerics import FLOAT_DTYPES, dtype_name
+
+OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
+BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_KNOWN_TENSORS = {"a_q", "s_a", "w_q", "s_w", "bias"}
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Operands of one scaled GEMM call. Tensors live on the CPU unless moved by a kernel."""
+
+    name: str
+    a_q: torch.Tensor
+    s_a: torch.Tensor
+    w_q: torch.Tensor
+    s_w: torch.Tensor
+    bias: torch.Tensor | None = None
+    out_dtype: torch.dtype = torch.bfloat16
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def M(self) -> int:  # noqa: N802 - GEMM dimension names
+        return self.a_q.shape[0]
+
+    @property
+    def K(self) -> int:  # noqa: N802
+        return self.a_q.shape[1]
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.w_q.shape[0]
+
+    @property
+    def fmt(self) -> str:
+        return OPERAND_DTYPES[self.a_q.dtype]
+
+    def replace(self, **changes) -> Tile:
+        return dataclasses.replace(self, **changes)
+
+    def rows(self, index: torch.Tensor | slice) -> Tile:
+        """The sub-tile made of the given activation rows (weights unchanged)."""
+        s_a = self.s_a if self.s_a.numel() == 1 and self.fmt != "int8" else self.s_a[index]
+        return self.replace(a_q=self.a_q[index], s_a=s_a)
+
+    def validate(self, origin: str | None = None) -> Tile:
+        """Raise InputError (naming `origin`, default the tile name) unless the operands are well formed."""
+        where = origin or f"tile {self.name!r}"
+
+        def bad(problem: str) -> InputError:
+            return InputError(f"{where}: {problem}")
+
+        if self.a_q.dtype not in OPERAND_DTYPES:
+            raise bad(f"a_q has dtype {dtype_name(self.a_q.dtype)}; expected int8 (or float8_e4m3fn)")
+        if self.w_q.dtype != self.a_q.dtype:
+            raise bad(f"w_q has dtype {dtype_name(self.w_q.dtype)} but a_q is {dtype_name(self.a_q.dtype)}; "
+                      "both operands must share one format")
+        if self.a_q.dim() != 2 or self.w_q.dim() != 2:
+            raise bad(f"a_q {list(self.a_q.shape)} and w_q {list(self.w_q.shape)} must both be 2-D ([M,K] and [N,K])")
+        M, K = self.a_q.shape
+        N, K_w = self.w_q.shape
+        if K_w != K:
+            raise bad(f"K mismatch: a_q is [M={M}, K={K}] but w_q is [N={N}, K={K_w}]")
+        if min(M, N, K) == 0:
+            raise bad(f"empty operands (M={M}, K={K}, N={N})")
+        per_tensor_ok = self.fmt != "int8"
+        for label, scale, rows in (("s_a", self.s_a, M), ("s_w", self.s_w, N)):
+            if scale.dtype != torch.float32:
+                raise bad(f"{label} has dtype {dtype_name(scale.dtype)}; expected float32")
+            allowed = [(rows,)] + ([(1,)] if per_tensor_ok else [])
+            if tuple(scale.shape) not in allowed:
+                want = " or ".join(str(list(s)) for s in allowed)
+                raise bad(f"{label} has shape {list(scale.shape)}; expected {want}")
+            if not bool(torch.isfinite(scale).all()):
+                raise bad(f"{label} contains non-finite values (inf or NaN); scales must be positive and finite")
+            if not bool((scale > 0).all()):
+                raise bad(f"{label} contains zero or negative values (min {scale.min().item()!r}); "
+                          "scales must be positive")
+        if self.bias is not None:
+            if self.bias.dtype not in BIAS_DTYPES:
+                raise bad(f"bias has dtype {dtype_name(self.bias.dtype)}; expected bfloat16, float16 or float32")
+            if tuple(self.bias.shape) != (N,):
+                raise bad(f"bias has shape {list(self.bias.shape)}; expected [{N}]")
+        if self.out_dtype not in OUT_DTYPES.values():
+            raise bad(f"out_dtype {dtype_name(self.out_dtype)} is not supported; use bfloat16 or float16")
+        return self
+
+
+def tile_bytes(tile: Tile) -> bytes:
+    """The tile serialized in the documented safetensors format (deterministic bytes)."""
+    tensors = {"a_q": tile.a_q, "s_a": tile.s_a, "w_q": tile.w_q, "s_w": tile.s_w}
+    if tile.bias is not None:
+        tensors["bias"] = tile.bias
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    metadata = {**{str(k): str(v) for k, v in tile.meta.items()},
+                "name": tile.name, "out_dtype": dtype_name(tile.out_dtype)}
+    return save(tensors, metadata=dict(sorted(metadata.items())))
+
+
+def save_tile(tile: Tile, path: str | Path) -> Path:
+    """Validate and write one tile atomically."""
+    tile.validate()
+    return atomic.write_bytes(path, tile_bytes(tile))
+
+
+def _read_metadata(path: Path) -> dict[str, str]:
+    raw = path.read_bytes()
+    if len(raw) < 8:
+        raise InputError(f"{path}: not a safetensors file (only {len(raw)} bytes)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n > len(raw) - 8:
+        raise InputError(f"{path}: truncated or not a safetensors file (header claims {n} bytes)")
+    try:
+        header = json.loads(raw[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"{path}: not a safetensors file (unreadable header)") from None
+    return dict(header.get("__metadata__") or {})
+
+
+def load_tile(path: str | Path) -> Tile:
+    """Read and validate one tile file; InputError names the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such tile file")
+    metadata = _read_metadata(path)
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InputError(f"{path}: truncated or not a safetensors file ({exc})") from None
+    missing = [k for k in ("a_q", "s_a", "w_q", "s_w") if k not in tensors]
+    if missing:
+        raise InputError(f"{path}: missing tensor(s) {', '.join(missing)}; a tile needs a_q, s_a, w_q, s_w")
+    extra = sorted(set(tensors) - _KNOWN_TENSORS)
+    if extra:
+        raise InputError(f"{path}: unknown tensor(s) {', '.join(extra)}; a tile holds a_q, s_a, w_q, s_w, bias")
+    out_name = metadata.pop("out_dtype", "bfloat16")
+    if out_name not in OUT_DTYPES:
+        raise InputError(f"{path}: out_dtype {out_name!r} is not supported; use bfloat16 or float16")
+    name = metadata.pop("name", path.stem)
+    tile = Tile(name=name, a_q=tensors["a_q"], s_a=tensors["s_a"], w_q=tensors["w_q"], s_w=tensors["s_w"],
+                bias=tensors.get("bias"), out_dtype=OUT_DTYPES[out_name], meta=metadata)
+    return tile.validate(origin=str(path))
+
+
+def load_tile_dir(folder: str | Path) -> list[Tile]:
+    """Every `*.safetensors` tile in `folder` (sorted by file name); an empty folder is an error."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a folder of tiles")
+    paths = sorted(folder.glob("*.safetensors"))
+    if not paths:
+        raise InputError(f"{folder}: holds no *.safetensors tiles")
+    tiles = [load_tile(p) for p in paths]
+    names = [t.name for t in tiles]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError(f"{folder}: several tiles share the name(s) {', '.join(dupes)}; names must be unique")
+    return tiles
+
+
+__all__ = ["Tile", "save_tile", "load_tile", "load_tile_dir", "tile_bytes", "FLOAT_DTYPES", "OUT_DTYPES"]
