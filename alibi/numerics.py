@@ -148,8 +148,9 @@ def round_f64_to_bf16(x: torch.Tensor) -> torch.Tensor:
     bits equals a single nearest-even rounding; float32 has 24 bits, bfloat16 8.
     """
     v = x.detach().cpu().numpy().astype(np.float64)
-    f = v.astype(np.float32)
-    over = np.abs(f.astype(np.float64)) > np.abs(v)
+    with np.errstate(over="ignore"):
+        f = v.astype(np.float32)
+    over = np.abs(f.astype(np.float64)) > np.abs(v)  # rounded away from zero (or to inf): step back
     f = np.where(over & np.isfinite(v), np.nextafter(f, np.float32(0)), f)
     u = f.view(np.uint32).copy()
     inexact = np.isfinite(v) & (f.astype(np.float64) != v)

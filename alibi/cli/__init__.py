@@ -19,6 +19,9 @@ from alibi.errors import InputError, KernelUnavailable
 COMMAND_MODULES = [
     "alibi.cli.conform",
     "alibi.cli.kernels",
+    "alibi.cli.run",
+    "alibi.cli.manifest",
+    "alibi.cli.prereg",
 ]
 
 

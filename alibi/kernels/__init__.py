@@ -20,6 +20,7 @@ from alibi.kernels.base import Kernel, KernelOutput
 _BUILTIN: dict[str, str] = {
     "torch-cpu": "alibi.kernels.cpu:TorchCpuKernel",
     "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
+    "triton-fp8": "alibi.kernels.triton_fp8:TritonFp8Kernel",
     "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}

@@ -205,10 +205,10 @@ def dense_state_dict(g: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> dict[s
     return out
 
 
-def gguf_provenance(source: ModelSource, path: Path) -> dict:
-    """What a prepared checkpoint was made from (for its manifest)."""
+def gguf_provenance(source: ModelSource) -> dict:
+    """What a prepared checkpoint was made from (for its manifest; no machine-specific paths)."""
     return {"model": source.name, "origin": source.origin, "license": source.license,
-            "gguf_file": source.filename, "gguf_sha256": source.sha256, "gguf_path": str(path)}
+            "gguf_file": source.filename, "gguf_sha256": source.sha256}
 
 
 def open_source(name: str, explicit: str | Path | None = None) -> tuple[ModelSource, GGUFFile]:

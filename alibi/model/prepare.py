@@ -60,7 +60,7 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
     config = llama_config(g)
     tensors = dense_state_dict(g, torch.bfloat16)
     tokenizer = tokenizer_files_from_gguf(g.metadata, str(g.path))
-    provenance = gguf_provenance(source, g.path)
+    provenance = gguf_provenance(source)
     w8a8 = quantize_dense(config, tensors, scale_dtype=SCALE_DTYPES[scale_dtype])
     w8a8_tensors = w8a8.tensors()
     with atomic.staged_dir(out) as stage:

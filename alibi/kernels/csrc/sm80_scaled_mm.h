@@ -1,11 +1,11 @@
 // Scaled int8 GEMM for Ampere and Ada (sm_80, sm_86, sm_89; it also runs on later GPUs that keep
 // the warp-level mma.sync instructions), written against the CUTLASS 2 API with an sm80
 // epilogue visitor tree. The epilogue is the same program as the sm90 path
-// (sm90_scaled_mm.cuh), step for step:
+// (sm90_scaled_mm.h), step for step:
 //
 //   out[m, n] = cast_RN( fma_rn( s_a[m], mul_rn( s_w[n], float(acc[m, n]) ), bias[n] ) )
 //
-// with bias = -0.0f when absent (the exact identity of addition, see sm90_scaled_mm.cuh).
+// with bias = -0.0f when absent (the exact identity of addition, see sm90_scaled_mm.h).
 //
 // The mainloop accumulates int8 products in int32 with mma.sync ... .satfinite
 // (OpMultiplyAddSaturate, as vLLM's c2x kernels). Saturation can only act when a partial sum
@@ -18,16 +18,20 @@
 
 #include <cstdint>
 
+// Include order matters: the sm80 visitor headers use cutlass::gemm::GemmCoord and
+// NumericArrayConverter without including them.
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
-#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
 #include "cutlass/gemm_coord.h"
+#include "cutlass/numeric_conversion.h"
 #include "cutlass/numeric_types.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
+#include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
+#include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
 
 #include "alibi_status.h"
+#include "problem.h"
 #include "rn_functors.h"
 
 namespace alibi::sm80 {
@@ -35,16 +39,7 @@ namespace alibi::sm80 {
 using namespace cute;
 namespace tb = cutlass::epilogue::threadblock;
 
-struct Problem {
-  void* d;
-  void const* a;
-  void const* b;
-  float const* s_a;
-  float const* s_w;
-  float const* bias;
-  int M, N, K;
-  cudaStream_t stream;
-};
+using alibi::Problem;
 
 constexpr auto RN = cutlass::FloatRoundStyle::round_to_nearest;
 using StrideD = Stride<int64_t, _1, _0>;
@@ -119,29 +114,38 @@ struct Gemm {
   }
 };
 
-// Configurations by M, as vLLM's sm80 dispatch (scaled_mm_c2x_sm80_dispatch.cuh):
-//   0 M<=16, 1 M<=32, 2 M<=64 (or M<=128 with N<8192), 3 otherwise.
-inline int choose_config(int M, int N) {
-  if (M <= 16) return 0;
-  if (M <= 32) return 1;
-  if (M <= 64 || (M <= 128 && N < 8192)) return 2;
-  return 3;
+// Configuration ids, chosen by shape in sm80_int8_api.cu the way vLLM's sm80 dispatch does
+// (scaled_mm_c2x_sm80_dispatch.cuh): 0 M<=16, 1 M<=32, 2 M<=64 (or M<=128 with N<8192), 3 else.
+
+inline int max_shared_memory_optin() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return bytes;
 }
 
+// Runs configuration `config`; a configuration whose shared memory does not fit this GPU (the
+// 64x128x128 and 128x128x64 tiles need 120 KiB and 80 KiB, more than sm_86/sm_89 parts allow
+// for the former) falls back to the 32x64x128 tile, as vLLM's dispatch does. *ran reports
+// which configuration actually ran.
 template <template <class, class> class Epilogue, class ElementD>
-int run_config(int config, Problem const& p, const char* what) {
+int run_config(int config, Problem const& p, const char* what, int* ran) {
   using cutlass::gemm::GemmShape;
+  using C0 = Gemm<Epilogue, ElementD, GemmShape<16, 64, 128>, GemmShape<16, 64, 64>, 5>;
+  using C1 = Gemm<Epilogue, ElementD, GemmShape<32, 64, 128>, GemmShape<32, 64, 64>, 5>;
+  using C2 = Gemm<Epilogue, ElementD, GemmShape<64, 128, 128>, GemmShape<64, 64, 64>, 5>;
+  using C3 = Gemm<Epilogue, ElementD, GemmShape<128, 128, 64>, GemmShape<64, 64, 64>, 5>;
+  int const smem = max_shared_memory_optin();
+  auto fits = [smem](size_t bytes) { return bytes <= static_cast<size_t>(smem); };
+  if (config == 2 && !fits(sizeof(typename C2::Kernel::SharedStorage))) config = 1;
+  if (config == 3 && !fits(sizeof(typename C3::Kernel::SharedStorage))) config = 1;
+  if (ran != nullptr) *ran = config;
   switch (config) {
-    case 0:
-      return Gemm<Epilogue, ElementD, GemmShape<16, 64, 128>, GemmShape<16, 64, 64>, 5>::run(p, what);
-    case 1:
-      return Gemm<Epilogue, ElementD, GemmShape<32, 64, 128>, GemmShape<32, 64, 64>, 5>::run(p, what);
-    case 2:
-      return Gemm<Epilogue, ElementD, GemmShape<64, 128, 128>, GemmShape<64, 64, 64>, 5>::run(p, what);
-    case 3:
-      return Gemm<Epilogue, ElementD, GemmShape<128, 128, 64>, GemmShape<64, 64, 64>, 5>::run(p, what);
-    default:
-      return fail(kBadArgument, what, "unknown configuration id");
+    case 0: return C0::run(p, what);
+    case 1: return C1::run(p, what);
+    case 2: return C2::run(p, what);
+    case 3: return C3::run(p, what);
+    default: return fail(kBadArgument, what, "unknown configuration id");
   }
 }
 

@@ -38,6 +38,8 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "alibi_status.h"
+#include "problem.h"
+#include "rn_functors.h"
 
 namespace alibi::sm90 {
 
@@ -46,54 +48,7 @@ namespace fusion = cutlass::epilogue::fusion;
 
 // One GEMM invocation: A row-major [M,K], B = W row-major [N,K] (i.e. column-major [K,N]),
 // D row-major [M,N]. Scale and bias vectors are fp32; bias may be null.
-struct Problem {
-  void* d;
-  void const* a;
-  void const* b;
-  float const* s_a;
-  float const* s_w;
-  float const* bias;
-  int M, N, K;
-  cudaStream_t stream;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Epilogue arithmetic: explicit round-to-nearest-even fp32 operations. Sm90Compute instantiates
-// ComputeFn<float> (looking for an Arguments member) and calls ComputeFn<Array<float, N>> on
-// register fragments, so both forms are defined.
-
-template <class T>
-struct MulRn {
-  CUTLASS_HOST_DEVICE T operator()(T a, T b) const { return a * b; }
-};
-
-template <int N>
-struct MulRn<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                     cutlass::Array<float, N> const& b) const {
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = __fmul_rn(a[i], b[i]);  // one rounding, never contracted
-    return r;
-  }
-};
-
-template <class T>
-struct FmaRn {
-  CUTLASS_HOST_DEVICE T operator()(T a, T b, T c) const { return a * b + c; }
-};
-
-template <int N>
-struct FmaRn<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                     cutlass::Array<float, N> const& b,
-                                                     cutlass::Array<float, N> const& c) const {
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = __fmaf_rn(a[i], b[i], c[i]);  // a*b exact, one rounding
-    return r;
-  }
-};
+using alibi::Problem;
 
 constexpr auto RN = cutlass::FloatRoundStyle::round_to_nearest;
 
@@ -110,9 +65,9 @@ struct ScaledEpilogue {
   // t = RN32(s_w * float(acc)). The accumulator enters through a round-to-nearest conversion
   // (cvt.rn.f32.s32 for int32: exact while |acc| <= 2^24; identity for an fp32 accumulator).
   using WeightScaled =
-      fusion::Sm90EVT<fusion::Sm90Compute<MulRn, float, float, RN>, ScaleW, fusion::Sm90AccFetch>;
+      fusion::Sm90EVT<fusion::Sm90Compute<alibi::MulRn, float, float, RN>, ScaleW, fusion::Sm90AccFetch>;
   // out = cast_RN(fma_rn(s_a, t, bias)); bf16/fp16 conversion is round-to-nearest-even.
-  using Tree = fusion::Sm90EVT<fusion::Sm90Compute<FmaRn, ElementOut, float, RN>, ScaleA,
+  using Tree = fusion::Sm90EVT<fusion::Sm90Compute<alibi::FmaRn, ElementOut, float, RN>, ScaleA,
                                WeightScaled, Bias>;
 
   static typename Tree::Arguments arguments(Problem const& p) {
@@ -131,6 +86,18 @@ struct AccumulatorEpilogue {
       fusion::Sm90Compute<cutlass::epilogue::thread::Identity, ElementAcc, ElementAcc, RN>,
       fusion::Sm90AccFetch>;
   static typename Tree::Arguments arguments(Problem const&) { return {{}, {}}; }
+};
+
+// Epilogues as one-parameter templates of the tile shape (what run_config takes).
+template <class ElementOut>
+struct Scaled {
+  template <class TileShape>
+  using Epilogue = ScaledEpilogue<TileShape, ElementOut>;
+};
+template <class ElementAcc>
+struct Accumulator {
+  template <class TileShape>
+  using Epilogue = AccumulatorEpilogue<TileShape, ElementAcc>;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -200,21 +167,13 @@ struct Schedules<cutlass::float_e4m3_t> {  // e4m3: fast accumulation, as vLLM
   using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
 };
 
-// Config ids are part of the C interface (alibi_*_config reports which one ran).
-//   int8: 0 M<=32 & N<8192, 1 M<=32 & N>=8192, 2 M<=64, 3 M<=128, 4 otherwise
-//   fp8:  2 M<=64, 3 M<=128, 4 otherwise
-template <class ElementAB>
-inline int choose_config(int M, int N) {
-  if constexpr (std::is_same_v<ElementAB, int8_t>) {
-    if (M <= 32) return N < 8192 ? 0 : 1;
-  }
-  if (M <= 64) return 2;
-  if (M <= 128) return 3;
-  return 4;
-}
-
+// Configuration ids (see sm90_int8_api.cu / sm90_fp8_api.cu for the choice by shape):
+//   0 64x64x256 1x8x1 WS, 1 64x128x256 1x4x1 WS   (int8 only: M <= 32)
+//   2 int8: 64x64x256 1x1x1 WS; e4m3: 64x64x128 1x8x1 ping-pong   (M <= 64)
+//   3 64x128x128 2x1x1 ping-pong (M <= 128),  4 128x128x128 2x1x1 ping-pong (M > 128)
 template <class ElementAB, class ElementAcc, class ElementD, template <class> class Epi>
 int run_config(int config, Problem const& p, const char* what) {
+  // Every configuration fits the 227 KiB of shared memory of any sm_90 part.
   using S = Schedules<ElementAB>;
   constexpr bool kInt8 = std::is_same_v<ElementAB, int8_t>;
   if constexpr (kInt8) {

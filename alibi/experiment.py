@@ -1,0 +1,422 @@
+"""Experiments: a YAML file describing one study, and a runner that survives being killed.
+
+An experiment file (`experiments/<name>.yaml`)::
+
+    name: smollm2-layer-verification        # required: a slug
+    description: free text                  # optional
+    prereg: prereg/smollm2-layer-verification   # optional: a locked protocol folder
+    kernels: {a: cutlass, b: triton}        # required: registry names (see `alibi kernels`)
+    source:                                 # required: exactly one of synthetic | tiles
+      synthetic: {preset: smollm2-135m, rows: 32}
+      # tiles: captures/smollm2-m512        # a folder of tiles (a capture)
+      # pinned: prereg/<study>/capture.manifest.json   # the tiles must match it file for file
+      # sha256: <digest_tree of the folder>            # or: one pinned folder digest
+    scales: [real, pow2]                    # default: both
+    seed: 0                                 # default 0 (synthetic tiles are drawn from it)
+    options: {ulp_threshold: 1, invariance: true}
+    out: results/smollm2-layer-verification # required unless --out is given
+
+Relative paths are relative to the working directory: run experiments from the repository root.
+
+The runner works in units — one tile under one scale regime — and writes each unit's result to
+`OUT/units/` atomically as soon as it is computed. Argument for `--resume`: a unit is a pure
+function of (kernels, tile, regime), and every unit result passes through the same JSON
+serialization whether it was just computed or read back, so the report folded from a mix of
+earlier and new units has the same bytes as one from a single uninterrupted run. What could make
+the mix unsound — a different experiment file, protocol, input, kernel build, toolkit commit or
+machine — is pinned in `OUT/run.json` when the run starts and compared field by field on resume.
+The run's one timestamp is taken when the report is folded (see `alibi.governance.manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alibi import atomic
+from alibi.errors import InputError
+from alibi.governance.environment import environment_record, toolkit_record
+from alibi.governance.identity import flatten
+from alibi.governance.manifest import (
+    build_predicate,
+    canonical_json,
+    digest_set,
+    digest_tree,
+    folder_files,
+    read_manifest,
+    sha256_bytes,
+    sha256_file,
+    treatment_of,
+    utc_now,
+    verify_files,
+    write_manifest,
+)
+from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
+
+RUN_SCHEMA = "alibi.run/v1"
+RUN_RECORD = "run.json"
+EXPERIMENT_COPY = "experiment.yaml"
+UNITS_DIR = "units"
+REPORT_DIR = "report"
+
+_TOP_KEYS = {"name", "description", "prereg", "kernels", "source", "scales", "seed", "options", "out"}
+_SOURCE_KEYS = {"synthetic", "tiles", "pinned", "sha256"}
+_OPTION_KEYS = {"ulp_threshold", "invariance"}
+_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the tiles come from.
+
+    kind: `synthetic` (preset, rows) or `tiles` (path to a folder of tiles). For `tiles`, pinned:
+    a manifest whose subjects the folder must match exactly (e.g. the capture manifest locked in
+    the prereg folder); sha256: the expected `digest_tree` of the folder. Either pin fails closed.
+    """
+
+    kind: str
+    preset: str | None = None
+    rows: int | None = None
+    path: str | None = None
+    pinned: str | None = None
+    sha256: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.kind == "synthetic":
+            return {"synthetic": {"preset": self.preset, "rows": self.rows}}
+        return {"tiles": self.path, "pinned": self.pinned, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One study, as read from its YAML file.
+
+    file: the YAML path; sha256: digest of its bytes; kernels: (a, b) registry names; scales:
+    the regimes to run; seed: the random seed; out: the artifact folder (None: must be given
+    on the command line); prereg: the protocol folder results are produced under, if any.
+    """
+
+    name: str
+    file: Path
+    sha256: str
+    kernels: tuple[str, str]
+    source: Source
+    scales: tuple[str, ...] = ("real", "pow2")
+    seed: int = 0
+    out: str | None = None
+    prereg: str | None = None
+    description: str = ""
+    ulp_threshold: int = 1
+    invariance: bool = True
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues (everything but `out`)."""
+        return {"name": self.name, "sha256": self.sha256, "kernels": {"a": self.kernels[0], "b": self.kernels[1]},
+                "source": self.source.as_dict(), "scales": list(self.scales), "seed": self.seed,
+                "prereg": self.prereg, "options": {"ulp_threshold": self.ulp_threshold, "invariance": self.invariance}}
+
+
+def _bad(file: Path, problem: str) -> InputError:
+    return InputError(f"{file}: {problem} (see the experiment format in `alibi run --help`)")
+
+
+def _unknown(file: Path, where: str, keys: set[str], allowed: set[str]) -> None:
+    extra = sorted(keys - allowed)
+    if extra:
+        raise _bad(file, f"unknown key(s) {', '.join(extra)} in {where}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _string(file: Path, where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(file, f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _source(file: Path, raw: Any) -> Source:
+    if not isinstance(raw, dict):
+        raise _bad(file, f"source must be a mapping with synthetic or tiles, got {raw!r}")
+    _unknown(file, "source", set(raw), _SOURCE_KEYS)
+    kinds = [k for k in ("synthetic", "tiles") if k in raw]
+    if len(kinds) != 1:
+        raise _bad(file, "source needs exactly one of synthetic or tiles")
+    if kinds[0] == "synthetic":
+        if "pinned" in raw or "sha256" in raw:
+            raise _bad(file, "source.pinned and source.sha256 pin a tiles folder, not a synthetic preset")
+        syn = raw["synthetic"]
+        syn = {"preset": syn} if isinstance(syn, str) else syn
+        if not isinstance(syn, dict):
+            raise _bad(file, "source.synthetic must be a preset name or {preset, rows}")
+        _unknown(file, "source.synthetic", set(syn), {"preset", "rows"})
+        rows = syn.get("rows")
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise _bad(file, f"source.synthetic.rows must be a positive integer, got {rows!r}")
+        return Source("synthetic", preset=_string(file, "source.synthetic.preset", syn.get("preset")), rows=rows)
+    digest = raw.get("sha256")
+    if digest is not None:
+        try:
+            digest_set(digest)
+        except InputError:
+            raise _bad(file, f"source.sha256 {digest!r} is not 64 lowercase hex characters") from None
+    pinned = raw.get("pinned")
+    return Source("tiles", path=_string(file, "source.tiles", raw["tiles"]),
+                  pinned=None if pinned is None else _string(file, "source.pinned", pinned), sha256=digest)
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment file; InputError names the file, the key and the fix."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"{file}: no such experiment file")
+    data = file.read_bytes()
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise _bad(file, f"not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise _bad(file, "the top level must be a mapping")
+    _unknown(file, "the experiment", set(raw), _TOP_KEYS)
+    for key in ("name", "kernels", "source"):
+        if key not in raw:
+            raise _bad(file, f"missing required key {key!r}")
+    name = _string(file, "name", raw["name"])
+    if not _SLUG.match(name):
+        raise _bad(file, f"name {name!r} must be a slug (letters, digits, '.', '_', '-')")
+    kernels = raw["kernels"]
+    if not isinstance(kernels, dict) or set(kernels) != {"a", "b"}:
+        raise _bad(file, f"kernels must be a mapping {{a: NAME, b: NAME}}, got {kernels!r}")
+    scales = raw.get("scales", ["real", "pow2"])
+    if not isinstance(scales, list) or not scales or any(s not in ("real", "pow2") for s in scales) \
+            or len(set(scales)) != len(scales):
+        raise _bad(file, f"scales must be a list drawn from [real, pow2] without repeats, got {scales!r}")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise _bad(file, f"seed must be a non-negative integer, got {seed!r}")
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise _bad(file, "options must be a mapping")
+    _unknown(file, "options", set(options), _OPTION_KEYS)
+    ulp = options.get("ulp_threshold", 1)
+    if not isinstance(ulp, int) or isinstance(ulp, bool) or ulp < 0:
+        raise _bad(file, f"options.ulp_threshold must be a non-negative integer, got {ulp!r}")
+    invariance = options.get("invariance", True)
+    if not isinstance(invariance, bool):
+        raise _bad(file, f"options.invariance must be true or false, got {invariance!r}")
+    out = raw.get("out")
+    prereg = raw.get("prereg")
+    return Experiment(
+        name=name, file=file, sha256=sha256_bytes(data),
+        kernels=(_string(file, "kernels.a", kernels["a"]), _string(file, "kernels.b", kernels["b"])),
+        source=_source(file, raw["source"]), scales=tuple(scales), seed=seed,
+        out=None if out is None else _string(file, "out", out),
+        prereg=None if prereg is None else _string(file, "prereg", prereg),
+        description=str(raw.get("description") or ""), ulp_threshold=ulp, invariance=invariance)
+
+
+def check_pinned(folder: Path, pinned: Path) -> None:
+    """Fail closed unless `folder` holds exactly the files `pinned` lists, with the same bytes."""
+    manifest = read_manifest(pinned)
+    expected = {s.name: s.sha256 for s in manifest.subjects}
+    present = set(folder_files(folder))
+    for name in sorted(set(expected) | present):
+        if name not in present:
+            raise InputError(f"{folder / name}: pinned by {pinned} but missing; recreate the capture exactly "
+                             "as the protocol describes")
+        if name not in expected:
+            raise InputError(f"{folder / name}: not pinned by {pinned}; the folder must hold exactly the pinned files")
+        if (actual := sha256_file(folder / name)) != expected[name]:
+            raise InputError(f"{folder / name}: sha256 {actual} differs from {expected[name]} pinned by {pinned}; "
+                             "this is not the capture the protocol was locked on")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The tiles of a run, how the report describes them, and the manifest resource that pins them."""
+
+    tiles: list = field(repr=False)
+    source: dict[str, Any]
+    resource: dict[str, Any]
+
+
+def tiles_sha256(tiles: list) -> str:
+    """One digest over an ordered list of tiles: the sha256 of `"<sha256 of tile bytes>  <name>\\n"` lines."""
+    from alibi.tile import tile_bytes
+
+    return sha256_bytes("".join(f"{sha256_bytes(tile_bytes(t))}  {t.name}\n" for t in tiles).encode("utf-8"))
+
+
+def resolve_inputs(exp: Experiment) -> Inputs:
+    """Load (or draw) the tiles, after checking every pin the experiment declares."""
+    src = exp.source
+    if src.kind == "synthetic":
+        from alibi.synthetic import synthetic_tiles
+
+        tiles = synthetic_tiles(src.preset, seed=exp.seed, M=src.rows)
+        label = f"synthetic preset {src.preset} (seed {exp.seed})"
+        source = {"label": label, "kind": "synthetic", "preset": src.preset, "rows": tiles[0].M,
+                  "n_tiles": len(tiles)}
+        return Inputs(tiles, source, {"name": f"synthetic:{src.preset}", "digest": digest_set(tiles_sha256(tiles))})
+    from alibi.tile import load_tile_dir
+
+    folder = Path(src.path)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such tiles folder (experiment {exp.file}); create it first, e.g. with the "
+                         "capture command the protocol names")
+    if (folder / "manifest.json").is_file():
+        problems = verify_files(folder)
+        if problems:
+            raise InputError(f"{folder}: does not match its own manifest: {problems[0]}")
+    if src.pinned is not None:
+        check_pinned(folder, Path(src.pinned))
+    digest = digest_tree(folder)
+    if src.sha256 is not None and digest != src.sha256:
+        raise InputError(f"{folder}: folder digest {digest} differs from source.sha256 {src.sha256} in {exp.file}")
+    tiles = load_tile_dir(folder)
+    source = {"label": f"tiles in {src.path}", "kind": "tiles", "path": src.path, "n_tiles": len(tiles)}
+    return Inputs(tiles, source, {"name": src.path, "digest": digest_set(digest)})
+
+
+def unit_id(index: int, tile_name: str, regime: str) -> str:
+    """`0003-real-layers.0.v_proj`: tile position, regime, and the tile name made file-safe."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tile_name)[:80]
+    return f"{index:04d}-{regime}-{safe}"
+
+
+def _first_difference(old: Any, new: Any) -> str:
+    a, b = dict(flatten(old)), dict(flatten(new))
+    for path in sorted(set(a) | set(b)):
+        if a.get(path, "<absent>") != b.get(path, "<absent>"):
+            return f"{path}: was {a.get(path, '<absent>')!r}, now {b.get(path, '<absent>')!r}"
+    return "formatting"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `run_experiment` produced: the report document, its exit code, and where it lies."""
+
+    report: dict[str, Any]
+    exit_code: int
+    out: Path
+    resumed_units: int
+    computed_units: int
+
+
+def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bool = False,
+                   progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run `exp` unit by unit into `out` (default: the experiment's `out`).
+
+    resume: continue a run whose folder already exists (a missing folder starts afresh); the
+    folder must have been started by the same experiment, protocol, inputs, kernels, toolkit and
+    machine. Without it an existing non-empty folder is refused.
+    """
+    from alibi import conform
+    from alibi.report import write_reports
+
+    target = out if out is not None else exp.out
+    if target is None:
+        raise InputError(f"{exp.file}: no `out` folder; add `out:` to the file or pass --out")
+    out = Path(target)
+    atomic.check_writable_dir(out)
+    protocol = require_locked(exp.prereg) if exp.prereg else None
+    regimes = conform.validate_regimes(exp.scales)
+    pair = conform.choose_pair(*exp.kernels)
+    inputs = resolve_inputs(exp)
+    units_plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(inputs.tiles) for r in regimes]
+    arms = {"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")}
+    record = {
+        "schema": RUN_SCHEMA,
+        "experiment": exp.identity(),
+        "protocol": None if protocol is None else protocol.as_dict(),
+        "inputs": {"tiles": inputs.resource},
+        "arms": {k: t.as_dict() for k, t in arms.items()},
+        "toolkit": toolkit_record(),
+        "environment": environment_record(),
+        "units": [u for u, _, _ in units_plan],
+    }
+    record_text = canonical_json(record)
+    _start(out, exp, record, record_text, resume)
+
+    say = progress or (lambda _msg: None)
+    units, resumed = [], 0
+    for n, (uid, tile, regime) in enumerate(units_plan, start=1):
+        path = out / UNITS_DIR / f"{uid}.json"
+        if path.exists():
+            text = path.read_text(encoding="utf-8")
+            try:
+                unit = json.loads(text)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}: damaged unit result; delete it and resume") from None
+            if canonical_json(unit) != text or unit.get("tile") != tile.name or unit.get("regime") != regime:
+                raise InputError(f"{path}: does not hold the result of unit {uid}; delete it and resume")
+            resumed += 1
+            say(f"[{n}/{len(units_plan)}] {uid} (done earlier)")
+        else:
+            result = conform.evaluate_unit(pair.a, pair.b, tile, regime, ulp_threshold=exp.ulp_threshold,
+                                           invariance=exp.invariance)
+            text = canonical_json(result)
+            unit = json.loads(text)
+            atomic.write_text(path, text)
+            say(f"[{n}/{len(units_plan)}] {uid}: {unit['n_differing']} differing, max ulp {unit['max_ulp']}")
+        units.append(unit)
+
+    if protocol is not None:
+        _recheck_protocol(exp, protocol)
+    created_at = utc_now()
+    report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
+                               environment=conform.environment(), created_at=created_at)
+    write_reports(report, out / REPORT_DIR)
+    predicate = build_predicate(
+        inputs={"tiles": inputs.resource}, seed=exp.seed, arms=arms,
+        parameters={"experiment": exp.identity(), "run_record_sha256": sha256_bytes(record_text.encode("utf-8")),
+                    "verdict": report["verdict"], "units": len(units_plan)},
+        protocol=None if protocol is None else protocol.as_dict(), created_at=created_at)
+    write_manifest(out, "experiment-run", predicate)
+    return RunResult(report, conform.exit_code(report), out, resumed, len(units_plan) - resumed)
+
+
+def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: str, resume: bool) -> None:
+    """Create the run folder, or check that an existing one continues this very run."""
+    existing = out / RUN_RECORD
+    if out.exists() and any(out.iterdir()):
+        if not resume:
+            raise InputError(f"{out}: already exists and is not empty; pass --resume to continue that run, "
+                             "or choose another --out")
+        if not existing.is_file():
+            raise InputError(f"{out}: holds no {RUN_RECORD}, so it is not a run folder to resume; choose another --out")
+        old_text = existing.read_text(encoding="utf-8")
+        if old_text != record_text:
+            try:
+                why = _first_difference(json.loads(old_text), record)
+            except json.JSONDecodeError:
+                why = f"{existing} is damaged"
+            raise InputError(f"{out}: cannot resume: the run was started under different conditions ({why}); "
+                             "start a fresh run in another folder")
+        planned = {f"{u}.json" for u in record["units"]}
+        strays = sorted(set(p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith("."))
+                        - planned) if (out / UNITS_DIR).is_dir() else []
+        if strays:
+            raise InputError(f"{out / UNITS_DIR / strays[0]}: not a unit of this run; remove it and resume")
+        return
+    atomic.write_bytes(out / EXPERIMENT_COPY, exp.file.read_bytes())
+    atomic.write_text(existing, record_text)
+
+
+def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:
+    now = require_locked(exp.prereg)
+    if now.head_sha256 != before.head_sha256:
+        raise ProtocolViolation(f"protocol {exp.prereg} was amended while the run was in progress (head "
+                                f"{before.head_sha256} -> {now.head_sha256}); start a fresh run under the new head")
+
+
+def stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+__all__ = ["Experiment", "Inputs", "RunResult", "Source", "check_pinned", "load_experiment", "resolve_inputs",
+           "run_experiment", "tiles_sha256", "unit_id"]

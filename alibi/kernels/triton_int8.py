@@ -1,0 +1,358 @@
+"""The `triton` kernel: a Triton scaled GEMM with vLLM's Triton epilogue, the same bits on GPU and CPU.
+
+What it computes, for int8 `A [M,K]`, int8 `W [N,K]`, fp32 scales `s_a [M]` (or `[1]`) and
+`s_w [N]` (or `[1]`), an optional bias `[N]` and an output dtype `out` (bfloat16 or float16):
+
+    acc = Σ_k A[m,k]·W[n,k]                       int32, tiled `tl.dot(..., out_dtype=tl.int32)`
+    y   = RN32(s_w[n] · RN32(s_a[m] · float(acc)))  activation scale first (vLLM Triton order)
+    c   = out(y)                                    round to nearest even
+    c   = out(RN32(float(c) + float(bias[n])))      with a bias: added *after* the cast, as vLLM does
+
+which is `alibi.emulator.apply_epilogue(VLLM_TRITON, acc, ...)` = `a_then_w + add_after_cast`. The
+int32 accumulator is exact (science.md §2.1: integer addition is associative and the int8 MMA
+accumulates without rounding), so the block sizes, which depend on M as in vLLM, cannot change a
+single output bit; only the per-element epilogue could, and it has no M-dependent arithmetic. The
+same kernel with fp8 e4m3 operands accumulates in fp32 instead (see `triton_fp8.py`).
+
+Same bits under the interpreter and on the GPU. Without CUDA this module runs its kernels under the
+Triton interpreter (`TRITON_INTERPRET=1`, numpy on the CPU). Every step above is IEEE
+round-to-nearest-even on both back ends (int32→fp32 conversion and fp32 multiply/add: numpy on
+the CPU, `cvt.rn` / `mul.rn` / `add.rn` in PTX; no product feeds an addition, so no FMA
+contraction can occur) except three conversions, handled as follows:
+
+* fp32 → bfloat16: the interpreter *truncates* (`triton.runtime.interpreter._convert_float`
+  drops the low bits, also when asked for `rtne`), the GPU rounds to nearest even. The kernel
+  therefore never uses `.to(tl.bfloat16)`: it rounds with integer bit arithmetic,
+  `(u + 0x7FFF + ((u >> 16) & 1)) >> 16` on the fp32 bit pattern `u`, which both back ends
+  execute identically, and stores the 16-bit pattern; the host views it as bfloat16.
+* fp32 → float16: the interpreter converts with numpy's `astype`, which rounds to nearest even
+  (checked on 10⁶ random fp32 patterns plus ties, subnormals and overflow), like the GPU's
+  `cvt.rn.f16.f32`. The native cast is kept.
+* the bias bfloat16 → fp32: the interpreter's converter mangles bfloat16 subnormals (values come
+  out scaled wrongly), so the host widens the bias to fp32 before the launch. That widening is
+  exact for bfloat16, float16 and float32 biases, so it changes no value.
+
+NaN patterns are not part of the claim: an output NaN (only reachable with a non-finite bias) is
+kept quiet with its sign, whereas torch's CPU cast and the GPU's `cvt` each use their own NaN.
+
+The interpreter choice is fixed when this module is imported: `triton.jit` decides at decoration
+time whether a function is interpreted. Without CUDA the module sets `TRITON_INTERPRET=1` before
+importing triton, so in such a process every Triton kernel decorated afterwards is interpreted
+too (there is nothing else it could run on); with CUDA the environment is left as it is.
+
+`mutant:truncate-cast:triton` is the same kernel with every fp32 → output conversion rounding
+toward zero (what a plain `.to(tl.bfloat16)` computes under the interpreter). It still declares
+`a_then_w + add_after_cast`, so the epilogue-model conformance check must catch it: its outputs
+differ from the model by one ulp on some elements (without a bias, never by more).
+"""
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede triton.jit below; see the module docstring
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_IMPORT_ERROR: str | None = None
+except ImportError as exc:  # no wheel for this platform: the module still imports, available() says why
+    from types import SimpleNamespace
+
+    TRITON_IMPORT_ERROR = f"triton is not importable ({exc}); install it with pip install 'triton>=3.3'"
+    triton = SimpleNamespace(jit=lambda fn: fn, __version__=None)  # kernels below are then never launched
+    tl = SimpleNamespace(constexpr=object)
+
+from alibi.emulator import VLLM_TRITON
+from alibi.errors import InputError
+from alibi.kernels.base import Kernel
+
+
+# --- block sizes --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """One launch's tiling: the block shape, grouped program order, and (GPU only) warps and stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 1            # programs along M that share a column of W tiles (L2 reuse)
+    num_warps: int | None = None  # None: Triton's default
+    num_stages: int | None = None
+
+
+# vLLM's tuned tiles for Hopper (vllm/model_executor/layers/quantization/compressed_tensors/
+# triton_scaled_mm.py, `_NVIDIA_TUNED_TILES[(9, 0)]`), keyed by (M bucket, N < 8192).
+_HOPPER_TILES: dict[tuple[int, bool], BlockConfig] = {
+    (32, True): BlockConfig(64, 64, 256, 8, 4, 5),
+    (32, False): BlockConfig(64, 64, 128, 8, 4, 5),
+    (64, True): BlockConfig(64, 64, 256, 8, 4, 5),
+    (64, False): BlockConfig(64, 64, 128, 8, 4, 5),
+    (128, True): BlockConfig(64, 128, 256, 8, 8, 4),
+    (128, False): BlockConfig(128, 128, 128, 8, 8, 5),
+    (256, True): BlockConfig(64, 64, 128, 8, 4, 4),
+    (256, False): BlockConfig(128, 64, 128, 8, 4, 4),
+    (512, True): BlockConfig(64, 128, 128, 8, 8, 3),
+    (512, False): BlockConfig(128, 128, 128, 8, 8, 3),
+    (1024, True): BlockConfig(128, 128, 128, 8, 8, 3),
+    (1024, False): BlockConfig(128, 128, 128, 8, 8, 3),
+}
+
+
+def block_config(M: int, N: int, capability: tuple[int, int] | None) -> BlockConfig:
+    """The tiling for an M×N output, chosen by M as vLLM does (small M → small BLOCK_M).
+
+    On sm90 vLLM's tuned Hopper table; elsewhere (other GPUs, the interpreter) vLLM's default
+    heuristic, with BLOCK_M = 16 for M ≤ 16 so that decode-sized calls do not compute 64 masked
+    rows (under the interpreter that waste is real time). `capability` is None for the interpreter.
+    """
+    if capability == (9, 0):
+        m_bucket = min(max(32, triton.next_power_of_2(M)), 1024)
+        return _HOPPER_TILES[(m_bucket, N < 8192)]
+    if M <= 16:
+        return BlockConfig(16, 64, 256)
+    if M <= 64:
+        return BlockConfig(64, 64 if N < 8192 or M > 32 else 128, 256)
+    if M <= 128:
+        return BlockConfig(64, 128, 128)
+    return BlockConfig(128, 128, 128)
+
+
+# --- the epilogue's rounding steps (shared with triton_fp8.py) ----------------------------------
+
+@triton.jit
+def round_to_output_bits(y, OUT_BF16: tl.constexpr, TRUNCATE: tl.constexpr):
+    """fp32 `y` → int16 bit pattern of the output dtype, nearest-even (toward zero if TRUNCATE)."""
+    if OUT_BF16:
+        u = y.to(tl.uint32, bitcast=True)
+        if TRUNCATE:
+            r = u >> 16
+        else:
+            # Adds just under half an ulp, plus one when the kept lsb is odd (ties to even); a carry
+            # out of the mantissa bumps the exponent, and the largest finite values round to inf.
+            r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        is_nan = (u & 0x7FFFFFFF) > 0x7F800000
+        r = tl.where(is_nan, (u >> 16) | 0x0040, r)  # quiet, sign and top payload kept
+        return r.to(tl.uint16).to(tl.int16, bitcast=True)
+    else:
+        h = y.to(tl.float16)  # RNE on the GPU and under the interpreter (numpy astype)
+        bits = h.to(tl.int16, bitcast=True)
+        if TRUNCATE:
+            # Round toward zero = round to nearest, then step one ulp back toward zero when that
+            # went away from zero; fp16 is sign-magnitude, so the step is `bits - 1` for either
+            # sign, and an overflow to inf steps back to the largest finite value, as RTZ requires.
+            away = tl.abs(h.to(tl.float32)) > tl.abs(y)
+            bits = tl.where(away, bits - 1, bits).to(tl.int16)
+        return bits
+
+
+@triton.jit
+def output_bits_to_fp32(bits, OUT_BF16: tl.constexpr):
+    """The exact fp32 value of an int16 output bit pattern (bf16 widened by a shift: exact everywhere)."""
+    if OUT_BF16:
+        return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+# --- the kernel ---------------------------------------------------------------------------------
+
+@triton.jit
+def scaled_mm_kernel(
+    a_ptr, w_ptr,                # operands: A [M,K], W [N,K], both int8 (or both fp8 e4m3)
+    s_a_ptr, s_w_ptr, bias_ptr,  # fp32 scales; fp32 bias (widened on the host), unused without HAS_BIAS
+    out_ptr,                     # int16 view of the [M,N] output, or int32/fp32 [M,N] when STORE_ACC
+    M, N, K,
+    stride_am, stride_ak, stride_wn, stride_wk, stride_om, stride_on,
+    stride_sa, stride_sw,        # 0 for a per-tensor ([1]) scale, else the scale's element stride
+    ACC_DTYPE: tl.constexpr,     # tl.int32 for int8 operands, tl.float32 for fp8
+    HAS_BIAS: tl.constexpr,
+    OUT_BF16: tl.constexpr,      # bfloat16 output (else float16)
+    TRUNCATE: tl.constexpr,      # the faulty mutant: round toward zero in every output conversion
+    STORE_ACC: tl.constexpr,     # store the raw accumulator and skip the epilogue
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together.
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # int64 offsets: M·K and N·K of real layers overflow int32 element offsets.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        mask_k = offs_k < K - k * BLOCK_K
+        # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
+        # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if STORE_ACC:
+        tl.store(out_ptrs, acc, mask=out_mask)
+    else:
+        s_a = tl.load(s_a_ptr + offs_m * stride_sa, mask=mask_m, other=1.0)
+        s_w = tl.load(s_w_ptr + offs_n * stride_sw, mask=mask_n, other=1.0)
+        y = s_a[:, None] * acc.to(tl.float32)   # RN32(s_a · float(acc)): activation scale first
+        y = s_w[None, :] * y                    # RN32(s_w · ·)
+        c = round_to_output_bits(y, OUT_BF16, TRUNCATE)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)
+            c = round_to_output_bits(output_bits_to_fp32(c, OUT_BF16) + bias[None, :], OUT_BF16, TRUNCATE)
+        tl.store(out_ptrs, c, mask=out_mask)
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+def interpreted() -> bool:
+    """True when this process runs the kernel under the Triton interpreter (decided at import)."""
+    return type(scaled_mm_kernel).__name__ == "InterpretedFunction"
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return None if interpreted() else tuple(torch.cuda.get_device_capability(device))
+
+
+def _scale_stride(scale: torch.Tensor, rows: int, label: str) -> int:
+    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.numel() not in (1, rows):
+        raise InputError(f"{label} must be a float32 vector of length {rows} or 1, "
+                         f"got {scale.dtype} of shape {list(scale.shape)}")
+    return 0 if scale.numel() == 1 else scale.stride(0)
+
+
+def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: torch.Tensor | None,
+           bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, *,
+           truncate: bool = False, store_acc: bool = False) -> tuple[torch.Tensor, BlockConfig]:
+    """Run `scaled_mm_kernel` on A [M,K] and W [N,K] (int8, or fp8 e4m3); returns (result, tiling).
+
+    The result is the `out_dtype` [M,N] output, or with `store_acc` the raw accumulator (int32 for
+    int8 operands, fp32 for fp8), for which the scales, bias and out_dtype are ignored.
+    """
+    if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
+        raise InputError(f"operands must be A [M,K] and W [N,K]; got {list(a_q.shape)} and {list(w_q.shape)}")
+    if a_q.dtype != w_q.dtype or a_q.dtype not in (torch.int8, torch.float8_e4m3fn):
+        raise InputError(f"operands must both be int8 or both float8_e4m3fn; got {a_q.dtype} and {w_q.dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise InputError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+    M, K = a_q.shape
+    N = w_q.shape[0]
+    is_int8 = a_q.dtype == torch.int8
+    device = a_q.device
+    cfg = block_config(M, N, _capability(device))
+    if store_acc:
+        out = torch.empty((M, N), dtype=torch.int32 if is_int8 else torch.float32, device=device)
+        store = out
+        s_a = s_w = bias = None
+    else:
+        out = torch.empty((M, N), dtype=out_dtype, device=device)
+        store = out.view(torch.int16)  # the kernel writes bit patterns (see round_to_output_bits)
+    stride_sa = _scale_stride(s_a, M, "s_a") if s_a is not None else 0
+    stride_sw = _scale_stride(s_w, N, "s_w") if s_w is not None else 0
+    if bias is not None:
+        if tuple(bias.shape) != (N,):
+            raise InputError(f"bias must have shape [{N}], got {list(bias.shape)}")
+        bias = bias.to(torch.float32).contiguous()  # exact widening; see the module docstring
+    placeholder = store  # a valid pointer for arguments the constexpr switches leave unread
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    launch_opts = {k: v for k, v in (("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)) if v}
+    scaled_mm_kernel[grid](
+        a_q, w_q,
+        s_a if s_a is not None else placeholder, s_w if s_w is not None else placeholder,
+        bias if bias is not None else placeholder,
+        store, M, N, K,
+        a_q.stride(0), a_q.stride(1), w_q.stride(0), w_q.stride(1), store.stride(0), store.stride(1),
+        stride_sa, stride_sw,
+        ACC_DTYPE=tl.int32 if is_int8 else tl.float32,
+        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16,
+        TRUNCATE=truncate, STORE_ACC=store_acc,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        **launch_opts,
+    )
+    return out, cfg
+
+
+# --- the kernels the registry hands out ---------------------------------------------------------
+
+class TritonScaledMmKernel(Kernel):
+    """`scaled_mm_kernel` behind the Kernel interface; native on CUDA, else under the interpreter."""
+
+    operand_dtype: torch.dtype = torch.int8
+    epilogue = VLLM_TRITON
+    truncate = False  # the mutant's switch
+
+    def __init__(self) -> None:
+        self.device = "cpu" if TRITON_IMPORT_ERROR or interpreted() else "cuda"
+        self.last_config: BlockConfig | None = None
+
+    def backend(self) -> str:
+        return "interpreter" if interpreted() else "native"
+
+    def available(self) -> tuple[bool, str]:
+        if TRITON_IMPORT_ERROR:
+            return False, TRITON_IMPORT_ERROR
+        if interpreted():
+            return True, (f"Triton interpreter (TRITON_INTERPRET=1) on the CPU, triton {triton.__version__}: "
+                          "the real kernel code, slowly (keep shapes small)")
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (7, 5):
+            return False, f"int8 tl.dot needs compute capability 7.5 or newer; this GPU is sm_{major}{minor}"
+        return True, f"native Triton {triton.__version__} on {torch.cuda.get_device_name()} (sm_{major}{minor})"
+
+    def _check_operands(self, a_q: torch.Tensor, w_q: torch.Tensor) -> None:
+        if a_q.dtype != self.operand_dtype or w_q.dtype != self.operand_dtype:
+            raise InputError(f"kernel {self.name!r} takes {self.operand_dtype} operands, "
+                             f"got {a_q.dtype} and {w_q.dtype}")
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        self._check_operands(a_q, w_q)
+        out, self.last_config = launch(a_q, s_a, w_q, s_w, bias, out_dtype, truncate=self.truncate)
+        return out
+
+    def accumulator(self, a_q, w_q):
+        """The kernel's own accumulator, from a launch that stores it instead of running the epilogue."""
+        self._check_operands(a_q, w_q)
+        acc, _ = launch(a_q, None, w_q, None, store_acc=True)
+        return acc
+
+    def evidence(self) -> dict[str, Any]:
+        ev = super().evidence()
+        ev.update(backend=self.backend(), triton=triton.__version__,
+                  block_config=asdict(self.last_config) if self.last_config else None)
+        return ev
+
+
+class TritonInt8Kernel(TritonScaledMmKernel):
+    """`triton`: int8 operands, exact int32 accumulator, vLLM's Triton epilogue."""
+
+    name = "triton"
+    formats = ("int8",)
+    description = "Triton int8 scaled-mm (int32 tl.dot, vLLM Triton epilogue: a_then_w, bias after the cast)"
+
+
+class TruncatingTritonKernel(TritonInt8Kernel):
+    """`mutant:truncate-cast:triton`: a positive control that rounds toward zero but claims a_then_w."""
+
+    name = "mutant:truncate-cast:triton"
+    description = "deliberately faulty: the triton kernel with a round-toward-zero output cast (positive control)"
+    truncate = True

@@ -1,0 +1,212 @@
+"""A transformers model whose quantized Linears run through a chosen alibi kernel.
+
+`load_model(folder, kernel=...)` builds the architecture named in `config.json` with transformers
+(Llama, Qwen3, any `AutoModelForCausalLM` type) in bf16 and loads the checkpoint into it. For a
+compressed-tensors W8A8 checkpoint every quantized Linear becomes a `W8A8Linear`, whose forward is
+exactly what vLLM does for this scheme:
+
+    a_q, s_a = quantize_per_token(x)              # dynamic symmetric per-token int8 (alibi.quant)
+    y = kernel.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype=bf16)
+
+so the kernel is the only thing two arms differ in. A dense checkpoint loads unchanged (no kernel).
+Observers attached to a `W8A8Linear` (see `alibi.model.capture`) see the operands the kernel
+receives, before it runs, and cannot change them.
+
+Needs transformers (the `model` extra). Runs on the CPU or CUDA: the model is placed on the
+kernel's device unless another is given.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from alibi.errors import InputError
+from alibi.kernels import Kernel, get_kernel
+from alibi.model.checkpoint import read_config, read_tensors
+from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
+from alibi.quant import quantize_per_token
+
+Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
+MODEL_DTYPE = torch.bfloat16
+
+
+class W8A8Linear(torch.nn.Module):
+    """A Linear with int8 weights [N,K] and fp32 per-channel scales [N] that calls `kernel.scaled_mm`.
+
+    Inputs are quantized per token (vLLM's dynamic symmetric convention) in the order the rows
+    appear after flattening the leading dimensions, so a `[1, T, K]` prefill is one GEMM of M = T.
+    """
+
+    def __init__(self, name: str, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None, kernel: Kernel):
+        super().__init__()
+        self.name = name
+        self.kernel = kernel
+        self.register_buffer("w_q", w_q, persistent=False)
+        self.register_buffer("s_w", s_w.to(torch.float32), persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.observers: list[Observer] = []
+
+    @property
+    def in_features(self) -> int:
+        return self.w_q.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.w_q.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        a_q, s_a = quantize_per_token(x.reshape(-1, self.in_features))
+        for observe in self.observers:
+            observe(self, a_q, s_a)
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        y = self.kernel.scaled_mm(a_q, s_a, self.w_q, self.s_w, self.bias, out_dtype)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.name}"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run: the transformers `model`, the `kernel` its quantized Linears call
+    (None for a dense checkpoint), the checkpoint `folder`, and its `device`."""
+
+    model: torch.nn.Module
+    kernel: Kernel | None
+    folder: Path
+    device: torch.device
+
+    @property
+    def quantized(self) -> bool:
+        return self.kernel is not None
+
+    def linears(self) -> Iterator[W8A8Linear]:
+        """The W8A8 Linears, in module order."""
+        return (m for m in self.model.modules() if isinstance(m, W8A8Linear))
+
+    @torch.inference_mode()
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B,T,V] (float32) for token ids [B,T] — one prefill, no cache."""
+        out = self.model(input_ids=input_ids.to(self.device), use_cache=False)
+        return out.logits.float()
+
+    @torch.inference_mode()
+    def greedy(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy continuation of one prompt [T] → the `new_tokens` chosen ids (prefill, then
+        one decode step per token with the KV cache, so decode GEMMs have M = 1)."""
+        ids = input_ids.reshape(1, -1).to(self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        past, chosen = out.past_key_values, []
+        for _ in range(new_tokens):
+            nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
+            chosen.append(int(nxt))
+            out = self.model(input_ids=nxt, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+        return torch.tensor(chosen, dtype=torch.long)
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise InputError("running a model needs transformers; install the model extra: "
+                         "`pip install 'integer-alibi[model]'`") from exc
+    return transformers
+
+
+def _build(config: dict, device: torch.device) -> torch.nn.Module:
+    transformers = _require_transformers()
+    hf_config = copy.deepcopy(config)
+    hf_config.pop("quantization_config", None)
+    model_type = hf_config.get("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(**hf_config)
+    except (ValueError, KeyError) as exc:
+        raise InputError(f"config.json: model_type {model_type!r} is not known to transformers "
+                         f"{transformers.__version__} ({exc})") from exc
+    with torch.device(device):
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=MODEL_DTYPE, attn_implementation="sdpa")
+        except TypeError:  # transformers 4.x spells it torch_dtype
+            model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=MODEL_DTYPE,
+                                                                  attn_implementation="sdpa")
+    return model.eval()
+
+
+def _swap_linears(model: torch.nn.Module, ckpt: W8A8Checkpoint, kernel: Kernel, device: torch.device) -> None:
+    modules = dict(model.named_modules())
+    for name, lin in ckpt.linears.items():
+        old = modules.get(name)
+        if not isinstance(old, torch.nn.Linear):
+            raise InputError(f"checkpoint module {name!r} is not a Linear of the {type(model).__name__} "
+                             "built from config.json; the checkpoint and its config disagree")
+        if (old.out_features, old.in_features) != tuple(lin.weight.shape):
+            raise InputError(f"{name}: weight is {list(lin.weight.shape)} but the model expects "
+                             f"[{old.out_features}, {old.in_features}]")
+        parent_name, _, child = name.rpartition(".")
+        bias = None if lin.bias is None else lin.bias.to(device=device, dtype=MODEL_DTYPE)
+        new = W8A8Linear(name, lin.weight.to(device), lin.scale.to(device), bias, kernel)
+        setattr(modules[parent_name] if parent_name else model, child, new)
+
+
+def _load_dense(model: torch.nn.Module, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    expected = model.state_dict()
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise InputError(f"{folder}: tensor {unexpected[0]!r} (and {len(unexpected) - 1} more) has no place in "
+                         f"{type(model).__name__}; the checkpoint does not match its config.json")
+    with torch.no_grad():
+        for key, value in tensors.items():
+            target = expected[key]
+            if tuple(target.shape) != tuple(value.shape):
+                raise InputError(f"{folder}: tensor {key!r} is {list(value.shape)}, the model expects {list(target.shape)}")
+            target.copy_(value.to(target.dtype))
+    missing = set(expected) - set(tensors)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing -= {k for k in missing if k.startswith("lm_head.")}
+    if missing:
+        raise InputError(f"{folder}: tensor(s) {', '.join(sorted(missing)[:3])} missing from the checkpoint")
+
+
+def resolve_kernel(kernel: str | Kernel) -> Kernel:
+    """A kernel object from a registry name, checked to be available (KernelUnavailable otherwise)."""
+    k = get_kernel(kernel) if isinstance(kernel, str) else kernel
+    k.require_available()
+    if "int8" not in k.formats:
+        raise InputError(f"kernel {k.name!r} does not take int8 operands; W8A8 checkpoints need an int8 kernel")
+    return k
+
+
+def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None) -> LoadedModel:
+    """Load the checkpoint in `folder` (dense, or compressed-tensors W8A8 with `kernel`) into transformers.
+
+    kernel: registry name or Kernel; required for a W8A8 checkpoint and refused for a dense one.
+    device: default the kernel's device (CPU for a dense model).
+    """
+    folder = Path(folder)
+    config = read_config(folder)
+    tensors = read_tensors(folder)
+    quantized = "quantization_config" in config
+    if quantized and kernel is None:
+        raise InputError(f"{folder}: is a W8A8 checkpoint; choose the kernel its Linears run with (--kernel NAME)")
+    if not quantized and kernel is not None:
+        raise InputError(f"{folder}: is a dense checkpoint; it has no quantized Linears for kernel "
+                         f"{kernel if isinstance(kernel, str) else kernel.name!r} to run (drop --kernel)")
+    k = resolve_kernel(kernel) if quantized else None
+    dev = torch.device(device) if device else (k.torch_device() if k else torch.device("cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda requested but torch sees no CUDA device here")
+    model = _build(config, dev)
+    if quantized:
+        ckpt = parse_w8a8(config, tensors, str(folder))
+        _swap_linears(model, ckpt, k, dev)
+        tensors = dict(ckpt.dense)
+    _load_dense(model, tensors, folder)
+    return LoadedModel(model=model, kernel=k, folder=folder, device=dev)

@@ -1,0 +1,181 @@
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from exact_reference import BF16, FP16, FP32, round_nearest_even
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from alibi.emulator import (EpilogueModel, apply_epilogue, exact_accumulator, fma_f32, int32_wrap, predict,
+                            product_bound)
+from alibi.numerics import bitwise_equal, is_pow2
+
+FORMATS = {torch.bfloat16: BF16, torch.float16: FP16, torch.float32: FP32}
+int8s = st.integers(-128, 127)
+fp32_scales = st.floats(min_value=2.0**-40, max_value=1024.0, width=32, allow_subnormal=False)
+
+
+def rnd(x, fmt):
+    """Correct rounding of a Fraction, passing infinities through."""
+    return x if isinstance(x, float) else round_nearest_even(x, fmt)
+
+
+def mul(x, y, fmt=FP32):
+    if isinstance(x, float) or isinstance(y, float):
+        return x * y if (x != 0 and y != 0) else math.nan
+    return rnd(x * y, fmt)
+
+
+def reference_epilogue(model: EpilogueModel, acc: int, s_a: float, s_w: float, bias: float | None, out):
+    """science.md's epilogue programs in exact rational arithmetic with explicit roundings."""
+    a = rnd(Fraction(acc), FP32)
+    sa, sw = Fraction(s_a), Fraction(s_w)
+    if model.order == "w_then_a":
+        first, last = mul(a, sw), sa
+    elif model.order == "a_then_w":
+        first, last = mul(a, sa), sw
+    else:
+        first, last = a, rnd(sa * sw, FP32)
+    fmt = FORMATS[out]
+    if bias is None:
+        return rnd(mul(first, last), fmt)
+    b = Fraction(bias)
+    if model.bias == "fma":
+        return rnd(rnd(first * last + b, FP32), fmt)
+    if model.bias == "add_before_cast":
+        return rnd(rnd(mul(first, last) + b, FP32), fmt)
+    cast = rnd(mul(first, last), fmt)
+    return rnd(rnd(cast + b, FP32), fmt)
+
+
+def as_fraction(t: torch.Tensor):
+    v = t.to(torch.float64).item()
+    return v if not math.isfinite(v) else Fraction(v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(1, 6), st.data())
+def test_exact_accumulator_equals_the_int64_dot_products(M, K, N, data):
+    a = torch.tensor(data.draw(st.lists(int8s, min_size=M * K, max_size=M * K)), dtype=torch.int8).reshape(M, K)
+    w = torch.tensor(data.draw(st.lists(int8s, min_size=N * K, max_size=N * K)), dtype=torch.int8).reshape(N, K)
+    want = [[sum(int(a[m, k]) * int(w[n, k]) for k in range(K)) for n in range(N)] for m in range(M)]
+    assert exact_accumulator(a, w).tolist() == want
+
+
+def test_exact_accumulator_is_exact_at_k_32768_with_all_minus_128_operands():
+    K = 32768
+    a = torch.full((2, K), -128, dtype=torch.int8)
+    w = torch.full((3, K), -128, dtype=torch.int8)
+    assert (exact_accumulator(a, w) == 128 * 128 * K).all()
+    assert int32_wrap(exact_accumulator(a, w)).tolist()[0][0] == 2**29
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["w_then_a", "a_then_w", "product_first"]),
+       st.sampled_from(["fma", "add_before_cast", "add_after_cast"]),
+       st.integers(-(2**31), 2**31 - 1), fp32_scales, fp32_scales,
+       st.none() | st.floats(min_value=-1024.0, max_value=1024.0, width=16),
+       st.sampled_from([torch.bfloat16, torch.float16]))
+def test_epilogue_models_equal_the_exact_rational_reference(order, bias_mode, acc, s_a, s_w, bias, out):
+    model = EpilogueModel(order, bias_mode)
+    bias_t = None if bias is None else torch.tensor([bias], dtype=torch.bfloat16)
+    bias_v = None if bias_t is None else bias_t.float().item()
+    got = apply_epilogue(model, torch.tensor([[acc]]), torch.tensor([s_a], dtype=torch.float32),
+                         torch.tensor([s_w], dtype=torch.float32), bias_t, out)
+    want = reference_epilogue(model, acc, torch.tensor(s_a).float().item(), torch.tensor(s_w).float().item(),
+                              bias_v, out)
+    got_v = as_fraction(got)
+    if isinstance(want, float) and math.isnan(want):
+        assert math.isnan(got_v)
+    else:
+        assert got_v == want
+
+
+fp32_any = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0**60, max_value=2.0**60)
+
+
+@settings(max_examples=500, deadline=None)
+@given(fp32_any, fp32_any, fp32_any)
+def test_fma_f32_rounds_once(x, y, z):
+    got = fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z]))
+    assert as_fraction(got) == round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32)
+
+
+def test_fma_f32_is_exact_where_fp64_double_rounding_would_be_wrong():
+    # a*b = 1 + 2^-24 - 2^-47 exactly; adding z = 2^-47 + 2^-70 puts the fp64 sum on the fp32 midpoint
+    # 1 + 2^-24 with a positive residual 2^-70, so the correct fp32 result is 1 + 2^-23 (round up),
+    # while rounding the fp64 sum (ties to even) gives 1.0.
+    a = torch.tensor([1 + 2**-23], dtype=torch.float32)
+    b = torch.tensor([1 - 2**-24], dtype=torch.float32)  # (1+2^-23)(1-2^-24) = 1 + 2^-24 - 2^-47
+    z = torch.tensor([2**-47 + 2**-70], dtype=torch.float32)
+    exact = Fraction(a.item()) * Fraction(b.item()) + Fraction(z.item())
+    assert exact > 1 + Fraction(1, 2**24)  # just above the midpoint
+    naive = (a.double() * b.double() + z.double()).float()
+    assert naive.item() == 1.0  # fp64 sum lands on the midpoint, ties-to-even goes down: wrong
+    assert fma_f32(a, b, z).item() == 1 + 2**-23
+
+
+@pytest.mark.parametrize("acc, fp32_value", [
+    (2**24 - 1, 2**24 - 1), (2**24, 2**24), (2**24 + 1, 2**24), (2**24 + 2, 2**24 + 2),
+    (-(2**24 - 1), -(2**24 - 1)), (-(2**24), -(2**24)), (-(2**24 + 1), -(2**24)), (-(2**24 + 2), -(2**24 + 2)),
+])
+def test_accumulators_enter_fp32_exactly_up_to_2_pow_24_and_round_beyond(acc, fp32_value):
+    one = torch.ones(1)
+    y = apply_epilogue(EpilogueModel("a_then_w"), torch.tensor([[acc]]), one, one, None, torch.float32)
+    assert y.item() == fp32_value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(2**24), 2**24), st.floats(min_value=2.0**-66, max_value=2.0**16, width=32), st.integers(-30, 10),
+       st.sampled_from([torch.bfloat16, torch.float16]))
+def test_pow2_weight_scales_make_every_epilogue_order_bitwise_equal(acc, s_a, k, out):
+    sa = torch.tensor([s_a], dtype=torch.float32)
+    sw = torch.tensor([2.0**k], dtype=torch.float32)
+    acc_t = torch.tensor([[acc]])
+    y32 = apply_epilogue(EpilogueModel("a_then_w"), acc_t, sa, sw, None, torch.float32)
+    assume(torch.isfinite(y32).all() and (y32.abs() >= torch.finfo(torch.float32).tiny).all() or acc == 0)
+    outs = [apply_epilogue(EpilogueModel(o), acc_t, sa, sw, None, out) for o in ("w_then_a", "a_then_w", "product_first")]
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[1], outs[2])
+
+
+def test_subnormal_outputs_break_pow2_commutation():
+    sa = torch.full((64,), 1.3 * 2**-126, dtype=torch.float32)  # a normal scale just above the subnormal range
+    sw = torch.tensor([2.0**-5])
+    acc = torch.arange(1, 65).reshape(64, 1)
+    wa = apply_epilogue(EpilogueModel("w_then_a"), acc, sa, sw, None, torch.float32)
+    aw = apply_epilogue(EpilogueModel("a_then_w"), acc, sa, sw, None, torch.float32)
+    differs = wa != aw
+    assert differs.any()
+    assert (wa[differs].abs() < torch.finfo(torch.float32).tiny).all()  # only in the subnormal range
+
+
+def test_overflow_breaks_pow2_commutation():
+    sa = torch.tensor([2.0**120], dtype=torch.float32)
+    sw = torch.tensor([2.0**-10])
+    acc = torch.tensor([[2**10]])
+    assert math.isinf(apply_epilogue(EpilogueModel("a_then_w"), acc, sa, sw, None, torch.float32).item())
+    assert apply_epilogue(EpilogueModel("w_then_a"), acc, sa, sw, None, torch.float32).item() == 2.0**120
+
+
+def test_int32_bounds_follow_the_product_bound():
+    a = torch.tensor([[-128, 1]], dtype=torch.int8)
+    w = torch.tensor([[127, 1]], dtype=torch.int8)
+    assert product_bound(a, w) == 16256
+    assert product_bound(a, -w.clamp(max=127) - 1) == 16384  # both contain -128
+    assert predict(a, w).k_limit == 132104
+    assert predict(a, torch.tensor([[-128, 1]], dtype=torch.int8)).k_limit == 131071
+
+
+def test_prediction_marks_accumulators_above_2_pow_24_eligible_to_diverge():
+    K = 1100
+    a = torch.full((1, K), 127, dtype=torch.int8)
+    w = torch.full((1, K), 127, dtype=torch.int8)  # 127*127*1100 = 17,741,900 > 2^24
+    p = predict(a, w)
+    assert not p.fp32_lossless and p.prediction == "eligible-to-diverge" and p.headroom_bits < 0
+    p = predict(a[:, :1000], w[:, :1000])  # 16,129,000 ≤ 2^24
+    assert p.fp32_lossless and p.prediction == "bitwise-safe" and p.headroom_bits > 0
+
+
+def test_is_pow2_accepts_only_exact_powers():
+    assert is_pow2(torch.tensor([1.0, 0.5, 2.0**-140, 3.0, 0.0, -2.0])).tolist() == [True, True, True, False, False, False]
