@@ -25,7 +25,8 @@ serialization whether it was just computed or read back, so the report folded fr
 earlier and new units has the same bytes as one from a single uninterrupted run. What could make
 the mix unsound — a different experiment file, protocol, input, kernel build, toolkit commit or
 machine — is pinned in `OUT/run.json` when the run starts and compared field by field on resume.
-The run's one timestamp is taken when the report is folded (see `alibi.governance.manifest`).
+The run's one timestamp, `predicate.run.created_at` in `OUT/manifest.json`, is taken when the
+report is folded; the report itself carries none (see `alibi.governance.manifest`).
 """
 
 from __future__ import annotations
@@ -367,9 +368,11 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
 
     if protocol is not None:
         _recheck_protocol(exp, protocol)
+    # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
+    # in the manifest, so every other byte of the folder is reproducible.
     created_at = utc_now()
     report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
-                               environment=conform.environment(), created_at=created_at)
+                               environment=conform.environment(), created_at=None)
     write_reports(report, out / REPORT_DIR)
     predicate = build_predicate(
         inputs={"tiles": inputs.resource}, seed=exp.seed, arms=arms,

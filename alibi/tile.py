@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 
 from alibi import atomic
 from alibi.errors import InputError
@@ -122,15 +122,40 @@ class Tile:
         return self
 
 
+_SAFETENSORS_DTYPE = {torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
+                      torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
+                      torch.float64: "F64", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def safetensors_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+    """Serialize to the safetensors format with a canonical layout: same tensors → same bytes.
+
+    The `safetensors` library writes its metadata from a hash map, so its key order (and the file's
+    digest) varies between runs; tile digests must not. Here tensors are laid out in name order and
+    the JSON header is written with sorted keys, padded with spaces to 8 bytes as the format asks.
+    """
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _SAFETENSORS_DTYPE[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
 def tile_bytes(tile: Tile) -> bytes:
-    """The tile serialized in the documented safetensors format (deterministic bytes)."""
+    """The tile serialized in the documented safetensors format (canonical, deterministic bytes)."""
     tensors = {"a_q": tile.a_q, "s_a": tile.s_a, "w_q": tile.w_q, "s_w": tile.s_w}
     if tile.bias is not None:
         tensors["bias"] = tile.bias
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     metadata = {**{str(k): str(v) for k, v in tile.meta.items()},
                 "name": tile.name, "out_dtype": dtype_name(tile.out_dtype)}
-    return save(tensors, metadata=dict(sorted(metadata.items())))
+    return safetensors_bytes(tensors, metadata)
 
 
 def save_tile(tile: Tile, path: str | Path) -> Path:

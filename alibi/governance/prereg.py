@@ -221,10 +221,14 @@ def _read_lock(root: Path, problems: list[str]) -> tuple[str, dict[str, str]] | 
     if body.get("content_sha256") != _content_hash(body, "content_sha256"):
         problems.append(f"{path}: content no longer matches its content_sha256 (edited)")
     files = body["files"]
-    paths = [f.get("path") for f in files if isinstance(f, dict)]
-    if len(paths) != len(files) or paths != sorted(set(paths)):
-        problems.append(f"{path}: the pinned file list is reordered, duplicated or malformed")
-    pinned = {f["path"]: f.get("sha256") for f in files if isinstance(f, dict) and isinstance(f.get("path"), str)}
+    valid = [f for f in files
+             if isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str)]
+    if len(valid) != len(files):
+        problems.append(f"{path}: a pinned file entry is malformed")
+    paths = [f["path"] for f in valid]
+    if paths != sorted(set(paths)):
+        problems.append(f"{path}: the pinned file list is reordered or has duplicates")
+    pinned = {f["path"]: f["sha256"] for f in valid}
     return _sha(raw), pinned
 
 
@@ -262,6 +266,10 @@ def _replay_log(root: Path, head: str, pinned: dict[str, str], origin: dict[str,
             changes = []
         for change in changes:
             p, kind, new, old = (change.get(k) for k in ("path", "change", "sha256", "previous_sha256"))
+            if not isinstance(p, str) or kind not in ("added", "modified", "removed") \
+                    or (new is None) != (kind == "removed") or not isinstance(new, (str, type(None))):
+                problems.append(f"{where}: malformed change record {change!r}")
+                continue
             if pinned.get(p) != old:
                 problems.append(f"{where}: records {p} as {kind} from {old}, but the records before it pin {pinned.get(p)}")
             if kind == "removed":

@@ -39,6 +39,10 @@ The interpreter choice is fixed when this module is imported: `triton.jit` decid
 time whether a function is interpreted. Without CUDA the module sets `TRITON_INTERPRET=1` before
 importing triton, so in such a process every Triton kernel decorated afterwards is interpreted
 too (there is nothing else it could run on); with CUDA the environment is left as it is.
+Triton's own jit functions (`tl.cdiv`, `tl.zeros`, ...) are decorated when triton is first
+imported; if some other module imported triton before the variable was set, they stay compiled
+and cannot be called from an interpreted kernel. The kernels here therefore use only builtins
+(`tl.full`, integer `//`), and work however the process imported triton.
 
 `mutant:truncate-cast:triton` is the same kernel with every fp32 → output conversion rounding
 toward zero (what a plain `.to(tl.bfloat16)` computes under the interpreter). It still declares
@@ -46,10 +50,12 @@ toward zero (what a plain `.to(tl.bfloat16)` computes under the interpreter). It
 differ from the model by one ulp on some elements (without a bias, never by more).
 """
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available():
@@ -179,8 +185,8 @@ def scaled_mm_kernel(
 ):
     # Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together.
     pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: see "triton's own jit functions" above
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     num_pid_in_group = GROUP_M * num_pid_n
     first_pid_m = (pid // num_pid_in_group) * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
@@ -196,8 +202,8 @@ def scaled_mm_kernel(
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
+    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         mask_k = offs_k < K - k * BLOCK_K
         # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
         # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
@@ -276,19 +282,23 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
     placeholder = store  # a valid pointer for arguments the constexpr switches leave unread
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     launch_opts = {k: v for k, v in (("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)) if v}
-    scaled_mm_kernel[grid](
-        a_q, w_q,
-        s_a if s_a is not None else placeholder, s_w if s_w is not None else placeholder,
-        bias if bias is not None else placeholder,
-        store, M, N, K,
-        a_q.stride(0), a_q.stride(1), w_q.stride(0), w_q.stride(1), store.stride(0), store.stride(1),
-        stride_sa, stride_sw,
-        ACC_DTYPE=tl.int32 if is_int8 else tl.float32,
-        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16,
-        TRUNCATE=truncate, STORE_ACC=store_acc,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        **launch_opts,
-    )
+    # Under the interpreter numpy warns when a multiply or cast overflows to inf; inf is the IEEE
+    # result the GPU gives silently, so those warnings are muted for the launch.
+    quiet = np.errstate(over="ignore", invalid="ignore") if interpreted() else contextlib.nullcontext()
+    with quiet:
+        scaled_mm_kernel[grid](
+            a_q, w_q,
+            s_a if s_a is not None else placeholder, s_w if s_w is not None else placeholder,
+            bias if bias is not None else placeholder,
+            store, M, N, K,
+            a_q.stride(0), a_q.stride(1), w_q.stride(0), w_q.stride(1), store.stride(0), store.stride(1),
+            stride_sa, stride_sw,
+            ACC_DTYPE=tl.int32 if is_int8 else tl.float32,
+            HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16,
+            TRUNCATE=truncate, STORE_ACC=store_acc,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            **launch_opts,
+        )
     return out, cfg
 
 

@@ -42,7 +42,9 @@ int launch(typename Device::Arguments const& args, cudaStream_t stream, const ch
     cudaError_t e = cudaMallocAsync(&workspace, workspace_size, stream);
     if (e != cudaSuccess) return fail(kCudaError, what, cudaGetErrorString(e));
   }
-  st = gemm.run(args, workspace, stream);
+  // initialize() then run(stream): the one sequence both the CUTLASS 2 and 3 adapters offer.
+  st = gemm.initialize(args, workspace, stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
   if (workspace != nullptr) cudaFreeAsync(workspace, stream);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
