@@ -1,9 +1,12 @@
 """The exact reference: int32 accumulators, headroom predictions and bit-exact epilogue models.
 
-Accumulator. Every product of two int8 values is an integer of magnitude ≤ 2¹⁴, and every partial
-sum of a K ≤ 131,071 dot product is an integer below 2³¹ < 2⁵³. float64 represents all of them
-exactly, so a float64 GEMM of the int8 operands is exact *whatever* order or fused multiply-adds
-the BLAS uses. That is the emulator's accumulator path: exact by construction, at fp64 GEMM speed.
+Accumulator. Every product of two int8 values is an integer of magnitude ≤ 2¹⁴. A float GEMM whose
+every partial sum is an integer the format holds exactly is exact *whatever* order, blocking or
+fused multiply-adds the BLAS uses. For fp32 that holds over any K-chunk of ≤ 1024 terms
+(1024 · 2¹⁴ = 2²⁴); the chunk results are then summed in int64. So the emulator computes fp32
+GEMMs over K-chunks of 1024 — exact by construction, faster than one fp64 GEMM — provided fp32
+matmuls really run in fp32 (`torch.get_float32_matmul_precision() == "highest"`, the default);
+otherwise it falls back to one fp64 GEMM (exact for K ≤ 2³⁹: partial sums < 2⁵³).
 
 Epilogue models. A kernel's epilogue is a short program over fp32: convert the int32 accumulator
 (round to nearest even), multiply by the two scales in some order (each product rounded to fp32),
@@ -71,12 +74,22 @@ VLLM_CUTLASS = EpilogueModel("w_then_a", "fma")
 VLLM_TRITON = EpilogueModel("a_then_w", "add_after_cast")
 
 
+EXACT_FP32_CHUNK = FP32_EXACT_LIMIT // 2**14  # 1024 products of magnitude ≤ 2^14 sum to ≤ 2^24
+
+
 def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
-    """The exact int32-path accumulator `a_q @ w_qᵀ` as int64 [M,N] (fp64 GEMM; see module docstring)."""
+    """The exact accumulator `a_q @ w_qᵀ` as int64 [M,N] (chunked fp32 GEMMs; see module docstring)."""
     if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
         raise InputError(f"exact_accumulator needs int8 operands, got {a_q.dtype} and {w_q.dtype}")
-    acc = a_q.cpu().to(torch.float64) @ w_q.cpu().to(torch.float64).T
-    return acc.to(torch.int64)
+    a, w = a_q.cpu(), w_q.cpu()
+    if torch.get_float32_matmul_precision() != "highest":
+        return (a.to(torch.float64) @ w.to(torch.float64).T).to(torch.int64)
+    K = a.shape[1]
+    acc = None
+    for k0 in range(0, K, EXACT_FP32_CHUNK):
+        part = a[:, k0:k0 + EXACT_FP32_CHUNK].to(torch.float32) @ w[:, k0:k0 + EXACT_FP32_CHUNK].to(torch.float32).T
+        acc = part.to(torch.int64) if acc is None else acc.add_(part.to(torch.int64))
+    return acc
 
 
 def int32_wrap(acc: torch.Tensor) -> torch.Tensor:

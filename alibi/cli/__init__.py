@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "alibi.cli.run",
     "alibi.cli.manifest",
     "alibi.cli.prereg",
+    "alibi.cli.bench",
 ]
 
 

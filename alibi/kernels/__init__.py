@@ -22,6 +22,12 @@ _BUILTIN: dict[str, str] = {
     "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
     "triton-fp8": "alibi.kernels.triton_fp8:TritonFp8Kernel",
     "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
+    "cutlass": "alibi.kernels.cutlass:CutlassInt8Kernel",
+    "cutlass-sm80": "alibi.kernels.cutlass:CutlassSm80Int8Kernel",
+    "cublas": "alibi.kernels.cublas:CublasInt8Kernel",
+    "cutlass-fp8": "alibi.kernels.fp8:CutlassFp8Kernel",
+    "cublaslt-fp8": "alibi.kernels.fp8:CublasLtFp8Kernel",
+    "cublaslt-fp8-tensorwise": "alibi.kernels.fp8:CublasLtFp8TensorwiseKernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 

@@ -91,6 +91,9 @@ def cache_root() -> Path:
 
 # --- toolchain discovery ---------------------------------------------------------------------------
 
+NVCC_FALLBACK = Path("/usr/local/cuda/bin/nvcc")
+
+
 def find_nvcc() -> Path:
     """The nvcc to use (see the module docstring for the search order)."""
     candidates: list[Path] = []
@@ -102,7 +105,7 @@ def find_nvcc() -> Path:
     on_path = shutil.which("nvcc")
     if on_path:
         candidates.append(Path(on_path))
-    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    candidates.append(NVCC_FALLBACK)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c

@@ -6,6 +6,11 @@ same CPU model, so passing on both means the interpreter and the GPU give the sa
 marked `gpu` repeat the claims at production shapes (M up to 4096, K up to 32768).
 """
 
+import os
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
 
@@ -92,6 +97,25 @@ def test_triton_kernel_says_which_backend_runs_it(triton_kernel):
         assert interpreted()
         assert (ev["backend"], triton_kernel.device) == ("interpreter", "cpu")
         assert "Triton interpreter (TRITON_INTERPRET=1)" in reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="only a process without CUDA uses the interpreter")
+def test_kernel_works_under_the_interpreter_even_when_triton_was_imported_before_it():
+    """`import triton` before the kernel module leaves triton's own jit library compiled, not interpreted;
+    the kernel uses none of it, so it must still run (and give the model's bits)."""
+    code = """if True:
+        import triton, torch
+        from alibi.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
+        from alibi.kernels import get_kernel
+        a = torch.randint(-128, 128, (3, 40), dtype=torch.int8); w = torch.randint(-128, 128, (5, 40), dtype=torch.int8)
+        s_a, s_w = torch.rand(3) + 0.5, torch.rand(5) * 1e-3
+        out = get_kernel("triton").scaled_mm(a, s_a, w, s_w)
+        assert torch.equal(out.view(torch.int16),
+                           apply_epilogue(VLLM_TRITON, exact_accumulator(a, w), s_a, s_w).view(torch.int16))
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_run_on_a_tile_returns_output_accumulator_and_the_block_config_used(triton_kernel):
@@ -254,8 +278,9 @@ def test_kernel_rounding_is_nearest_even_and_the_mutant_rounds_toward_zero_on_ha
     x = _hard_fp32_values()
     nearest = torch.empty(x.numel(), dtype=torch.int16, device=dev)
     toward_zero = torch.empty_like(nearest)
-    _round_probe[(triton.cdiv(x.numel(), 4096),)](x.to(dev), nearest, toward_zero, x.numel(),
-                                                  OUT_BF16=out_dtype == torch.bfloat16, BLOCK=4096)
+    with np.errstate(over="ignore"):  # the interpreter's numpy cast warns on overflow to inf (intended here)
+        _round_probe[(triton.cdiv(x.numel(), 4096),)](x.to(dev), nearest, toward_zero, x.numel(),
+                                                      OUT_BF16=out_dtype == torch.bfloat16, BLOCK=4096)
     assert torch.equal(nearest.cpu(), bits(x.to(out_dtype)))
     assert torch.equal(toward_zero.cpu(), bits(_toward_zero(x, out_dtype)))
 

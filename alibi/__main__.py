@@ -1,0 +1,3 @@
+from alibi.cli import entry
+
+entry()

@@ -1,0 +1,70 @@
+"""`alibi bench`: throughput of the GPU kernels side by side (TOPS and ratios), written to JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from alibi import atomic
+from alibi.bench import FP8_KERNELS, INT8_KERNELS, Case, default_cases, format_table, run_bench, write_report
+from alibi.errors import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure kernel throughput (TOPS) side by side",
+                       description="Time the int8 and fp8 kernels on the same operands in one process "
+                                   "(triton.testing.do_bench) and report TOPS and ratios to the vendor GEMMs.")
+    p.add_argument("--int8", default=",".join(INT8_KERNELS),
+                   help=f"int8 kernels, comma-separated (default {','.join(INT8_KERNELS)}; empty: none)")
+    p.add_argument("--fp8", default=",".join(FP8_KERNELS),
+                   help=f"fp8 kernels, comma-separated (default {','.join(FP8_KERNELS)}; empty: none)")
+    p.add_argument("--shape", action="append", metavar="M,N,K",
+                   help="a shape to measure (repeatable); default M in 1,16,128,512,4096 at N=K=4096 "
+                        "and M=4096 at N=K=8192")
+    p.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement in ms (default 100)")
+    p.add_argument("--out", type=Path, default=Path("alibi-bench.json"), help="JSON report (default ./alibi-bench.json)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+
+
+def _shapes(specs: list[str] | None) -> list[tuple[int, int, int]] | None:
+    if not specs:
+        return None
+    shapes = []
+    for spec in specs:
+        try:
+            m, n, k = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise InputError(f"--shape {spec!r}: expected three integers M,N,K, e.g. 512,4096,4096") from None
+        if min(m, n, k) < 1:
+            raise InputError(f"--shape {spec!r}: M, N and K must be positive")
+        shapes.append((m, n, k))
+    return shapes
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rep_ms < 1:
+        raise InputError(f"--rep-ms must be positive, got {args.rep_ms}")
+    atomic.check_writable_dir(args.out.parent if str(args.out.parent) else Path("."))
+    int8 = [k for k in args.int8.split(",") if k]
+    fp8 = [k for k in args.fp8.split(",") if k]
+    from alibi.kernels import get_kernel
+    for name in int8 + fp8:
+        get_kernel(name)  # an unknown name is bad input (exit 2) before anything is timed
+    shapes = _shapes(args.shape)
+    cases: list[Case] = []
+    if int8:
+        cases += default_cases("int8") if shapes is None else [Case("int8", *s) for s in shapes]
+    if fp8:
+        cases += default_cases("fp8_e4m3") if shapes is None else [Case("fp8_e4m3", *s) for s in shapes]
+    report = run_bench(int8, fp8, cases, rep_ms=args.rep_ms,
+                       progress=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
+    write_report(report, args.out)
+    print(format_table(report))
+    env = report["environment"]
+    print(f"\n{env.get('gpu', 'no GPU')} · driver {env.get('driver')} · torch {env['torch']} · "
+          f"triton {env.get('triton')} · CUDA {env.get('cuda_runtime_torch')} · CUTLASS {env.get('cutlass')}")
+    print(f"wrote {args.out}")
+    ran = sum(r["status"] == "ok" for r in report["results"])
+    return 0 if ran else 3

@@ -1,0 +1,193 @@
+"""FP8 (e4m3) kernels: `cutlass-fp8` and the two `torch._scaled_mm` paths, each with a declared epilogue.
+
+An FP8 GEMM is the contrast case of science.md §2: every e4m3 product is exact (two 4-bit
+significands give at most 8 bits; e4m3's exponent range fits fp32's), but the fp32 accumulator
+rounds at every addition in an order set by the instruction path. So a kernel's output can only be
+held to its epilogue model applied to *its own* accumulator, and the accumulator itself is compared
+with an exact reference as a measurement, not a pass/fail fact. (A float64 GEMM of the dequantized
+values is exact for K ≤ 65536: every product is a multiple of 2⁻¹⁸ of magnitude ≤ 448² < 2¹⁸, so
+sums stay on a grid of 2⁻¹⁸ below 2³⁴ — 52 bits — which float64 holds exactly.)
+
+Kernels (operands float8_e4m3fn `A [M,K]`, `W [N,K]`; scales fp32 `s_a` [M] or [1], `s_w` [N] or [1]):
+
+* `cutlass-fp8` — CUTLASS 3 on sm90 (sm_90a), vLLM's FP8 "fast accumulation" schedules and the
+  very same epilogue tree as the int8 `cutlass` kernel: `w_then_a+fma`. Its fp32 accumulator is
+  exposed by a kernel with the same mainloop configuration (same summation order). Per-tensor
+  scales are broadcast to vectors before the call (the same value in every lane: exact). Unlike
+  vLLM, it never swaps A and B for small M, so the scale order does not flip with M.
+* `cublaslt-fp8` — `torch._scaled_mm` with row-wise scales (`scale_a [M,1]`, `scale_b [1,N]`);
+  a per-tensor scale is broadcast to a vector. Declared epilogue: `a_then_w+fma`
+  (x-scale first, then w-scale; see `ROWWISE_EPILOGUE`).
+* `cublaslt-fp8-tensorwise` — `torch._scaled_mm` with one scale per operand (cuBLASLt's
+  `D = scale_a·scale_b·acc` scaling); both scales must be [1]. Declared epilogue:
+  `product_first+fma` (see `TENSORWISE_EPILOGUE`).
+
+Neither `torch._scaled_mm` path exposes its accumulator (a call with fp32 output may pick another
+cuBLASLt algorithm, i.e. another summation order), so `accumulator()` returns None for them; their
+declared epilogues are verified on operands whose every partial sum is exact (small integers), where
+the accumulator is known without asking the kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alibi.emulator import EpilogueModel
+from alibi.errors import InputError
+from alibi.kernels import nvcc
+from alibi.kernels.base import Kernel
+from alibi.kernels.cutlass import OUT_KIND, CutlassLibrary, check_operands, device_arch, scale_vector, toolchain_reason
+
+FP8 = torch.float8_e4m3fn
+FP8_SM90_SOURCES = ("sm90_fp8_api.cu", "sm90_fp8_bf16.cu", "sm90_fp8_f16.cu", "sm90_fp8_acc.cu")
+
+CUTLASS_FP8_EPILOGUE = EpilogueModel("w_then_a", "fma")
+# torch._scaled_mm's declared epilogues. Row-wise: PyTorch's sm90 kernel scales by the
+# activation (x) scale first, then the weight scale, and adds the bias in a node that nvcc fuses
+# with the last multiply. Tensor-wise: cuBLASLt folds scale_a·scale_b into one alpha first.
+# Both are verified bit for bit on the GPU by tests/kernels/test_fp8_gpu.py.
+ROWWISE_EPILOGUE = EpilogueModel("a_then_w", "fma")
+TENSORWISE_EPILOGUE = EpilogueModel("product_first", "fma")
+
+
+def fp8_library() -> nvcc.Library:
+    return nvcc.Library("alibi_cutlass_fp8_sm90", FP8_SM90_SOURCES, (nvcc.gencode_for("sm_90a"),))
+
+
+class CutlassFp8Kernel(Kernel):
+    """`cutlass-fp8`: CUTLASS 3 e4m3 GEMM (fp32 fast accumulation), epilogue `w_then_a+fma`."""
+
+    name = "cutlass-fp8"
+    formats = ("fp8_e4m3",)
+    device = "cuda"
+    epilogue = CUTLASS_FP8_EPILOGUE
+    description = ("CUTLASS 3 fp8 e4m3 scaled-mm on sm90 (fp32 fast accumulation, vLLM's schedules), "
+                   "epilogue w_then_a with the bias in one FMA")
+
+    def __init__(self) -> None:
+        self._library: CutlassLibrary | None = None
+        self.last_run: dict[str, Any] = {}
+
+    def available(self) -> tuple[bool, str]:
+        if not torch.cuda.is_available():
+            return False, ("no CUDA GPU here (torch.cuda.is_available() is False); "
+                           "'alibi kernels build cutlass-fp8 --arch sm_90a' still compiles it")
+        if device_arch() != "sm_90":
+            return False, (f"the CUTLASS fp8 kernel is built for sm_90a (H100/H200) only; this GPU is "
+                           f"{device_arch()}")
+        problem = toolchain_reason()
+        if problem:
+            return False, problem
+        return True, (f"CUTLASS {nvcc.cutlass_version()} sm90 fp8 path on {torch.cuda.get_device_name()}, "
+                      "built with nvcc at first use")
+
+    def build(self, arch: str) -> Path:
+        if arch not in ("sm_90", "sm_90a"):
+            raise InputError(f"the CUTLASS fp8 kernel targets sm_90a only, not {arch}")
+        return nvcc.build(fp8_library())
+
+    def library(self) -> CutlassLibrary:
+        self.require_available()
+        if self._library is None:
+            self._library = CutlassLibrary(fp8_library(), "fp8")
+        return self._library
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16, config: int = -1):
+        check_operands(self.name, a_q, w_q, FP8)
+        if out_dtype not in OUT_KIND:
+            raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
+        with torch.cuda.device(a_q.device):
+            out, info = self.library().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype, config)
+        self.last_run = {"op": "scaled_mm", **info}
+        return out
+
+    def accumulator(self, a_q, w_q, config: int = -1):
+        """The fp32 accumulator from a kernel with the same mainloop configuration (same summation order)."""
+        check_operands(self.name, a_q, w_q, FP8)
+        with torch.cuda.device(a_q.device):
+            acc, info = self.library().accumulate(a_q, w_q, config)
+        self.last_run = {"op": "accumulate", **info}
+        return acc
+
+    def evidence(self) -> dict[str, Any]:
+        ev = super().evidence()
+        if self._library is not None:
+            ev.update(code_path=self._library.handle.alibi_path().decode(), library=str(self._library.path),
+                      build=nvcc.build_record(self._library.path), cutlass=nvcc.cutlass_version())
+        ev["last_run"] = dict(self.last_run)
+        return ev
+
+
+class ScaledMmFp8Kernel(Kernel):
+    """`torch._scaled_mm` on e4m3 operands; `tensorwise` selects one scale per operand."""
+
+    formats = ("fp8_e4m3",)
+    device = "cuda"
+    tensorwise = False
+    use_fast_accum = False  # torch's default: cuBLASLt promotes the accumulator to full fp32
+
+    def __init__(self) -> None:
+        self.last_run: dict[str, Any] = {}
+
+    def available(self) -> tuple[bool, str]:
+        if not torch.cuda.is_available():
+            return False, "no CUDA GPU here (torch.cuda.is_available() is False)"
+        if not hasattr(torch, "_scaled_mm"):
+            return False, f"torch {torch.__version__} has no torch._scaled_mm; install torch>=2.4"
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            return False, f"fp8 GEMMs need compute capability 8.9 or newer; this GPU is sm_{major}{minor}"
+        mode = "tensor-wise" if self.tensorwise else "row-wise"
+        return True, f"torch._scaled_mm ({mode} scales, CUDA {torch.version.cuda}) on {torch.cuda.get_device_name()}"
+
+    def _scales(self, s_a: torch.Tensor, s_w: torch.Tensor, M: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tensorwise:
+            if s_a.numel() != 1 or s_w.numel() != 1:
+                raise InputError(f"kernel {self.name!r} takes one scale per operand (s_a and s_w of shape [1]); "
+                                 f"got {list(s_a.shape)} and {list(s_w.shape)} — use 'cublaslt-fp8' for row-wise scales")
+            return s_a.reshape(()).float(), s_w.reshape(()).float()
+        return (scale_vector(s_a, M, "s_a").reshape(M, 1).contiguous(),
+                scale_vector(s_w, N, "s_w").reshape(1, N).contiguous())
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        check_operands(self.name, a_q, w_q, FP8)
+        if out_dtype not in (torch.bfloat16, torch.float16):
+            raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
+        M, N = a_q.shape[0], w_q.shape[0]
+        scale_a, scale_b = self._scales(s_a, s_w, M, N)
+        if bias is not None:
+            # torch._scaled_mm takes the bias in the output dtype; the conversion must be exact.
+            b = bias.to(out_dtype)
+            if not torch.equal(b.to(torch.float32), bias.to(torch.float32)):
+                raise InputError(f"kernel {self.name!r}: the {bias.dtype} bias is not exactly representable in "
+                                 f"{out_dtype}, which torch._scaled_mm requires")
+            bias = b
+        out = torch._scaled_mm(a_q.contiguous(), w_q.contiguous().t(), scale_a=scale_a, scale_b=scale_b,
+                               bias=bias, out_dtype=out_dtype, use_fast_accum=self.use_fast_accum)
+        self.last_run = {"op": "scaled_mm", "scaling": "tensorwise" if self.tensorwise else "rowwise"}
+        return out
+
+    def evidence(self) -> dict[str, Any]:
+        ev = super().evidence()
+        ev.update(backend="torch._scaled_mm", use_fast_accum=self.use_fast_accum, last_run=dict(self.last_run))
+        return ev
+
+
+class CublasLtFp8Kernel(ScaledMmFp8Kernel):
+    """`cublaslt-fp8`: torch._scaled_mm with row-wise scales."""
+
+    name = "cublaslt-fp8"
+    epilogue = ROWWISE_EPILOGUE
+    description = "torch._scaled_mm e4m3, row-wise scales (scale_a [M,1], scale_b [1,N]), fp32 accumulation"
+
+
+class CublasLtFp8TensorwiseKernel(ScaledMmFp8Kernel):
+    """`cublaslt-fp8-tensorwise`: torch._scaled_mm with one scale per operand (cuBLASLt scaling)."""
+
+    name = "cublaslt-fp8-tensorwise"
+    tensorwise = True
+    epilogue = TENSORWISE_EPILOGUE
+    description = "torch._scaled_mm e4m3 via cuBLASLt, per-tensor scales, fp32 accumulation"

@@ -1,0 +1,184 @@
+"""The CUTLASS sources compile (no GPU needed), the build cache works, and missing tools are named.
+
+The compile tests run nvcc for real: a broken kernel source fails here, on the CPU machine. They
+are skipped only when nvcc itself is absent (CI has it). Compiling the sm90 libraries takes a few
+minutes on two cores; each library is compiled once per test session (module-scoped cache).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from alibi.errors import InputError, KernelUnavailable
+from alibi.kernels import nvcc
+from alibi.kernels.cutlass import CutlassInt8Kernel, declare_entry_points, int8_library
+from alibi.kernels.fp8 import CutlassFp8Kernel
+
+try:
+    nvcc.find_nvcc()
+    NVCC_REASON = None
+except KernelUnavailable as exc:
+    NVCC_REASON = str(exc)
+needs_nvcc = pytest.mark.skipif(NVCC_REASON is not None, reason=f"nvcc is not installed here: {NVCC_REASON}")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A private kernel cache for this module (ALIBI_CACHE), so every build here is a real build."""
+    root = tmp_path_factory.mktemp("alibi-cache")
+    old = os.environ.get("ALIBI_CACHE")
+    os.environ["ALIBI_CACHE"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("ALIBI_CACHE", None)
+    else:
+        os.environ["ALIBI_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def int8_sm90(cache) -> Path:
+    return CutlassInt8Kernel().build("sm_90")
+
+
+@pytest.fixture(scope="module")
+def fp8_sm90(cache) -> Path:
+    return CutlassFp8Kernel().build("sm_90a")
+
+
+@pytest.fixture(scope="module")
+def int8_sm80(cache) -> Path:
+    return CutlassInt8Kernel().build("sm_80")
+
+
+def _host_api(path: Path, fmt: str) -> ctypes.CDLL:
+    # Loading needs no GPU: the CUDA runtime is linked statically and starts only at the first
+    # CUDA call; the configuration and version functions are host code.
+    lib = ctypes.CDLL(str(path))
+    declare_entry_points(lib, fmt)
+    return lib
+
+
+@needs_nvcc
+def test_cutlass_int8_sm90a_sources_compile_and_export_the_c_entry_points(int8_sm90):
+    lib = _host_api(int8_sm90, "int8")
+    assert lib.alibi_cutlass_version() == int("".join(f"{int(x):02d}" for x in nvcc.cutlass_version().split(".")))
+    assert b"sm_90a" in lib.alibi_path()
+    # vLLM's sm90 int8 dispatch: M<=32 splits on N at 8192, then 64, 128, larger.
+    assert [lib.alibi_choose_config(m, n) for m, n in
+            [(1, 4096), (32, 8191), (32, 8192), (33, 4096), (64, 1), (65, 1), (128, 1), (129, 1), (4096, 4096)]] \
+        == [0, 0, 1, 2, 2, 3, 3, 4, 4]
+    assert b"128x128x128" in lib.alibi_config_name(4)
+
+
+@needs_nvcc
+def test_cutlass_fp8_sm90a_sources_compile_and_export_the_c_entry_points(fp8_sm90):
+    lib = _host_api(fp8_sm90, "fp8")
+    assert b"FP8 fast accumulation" in lib.alibi_path()
+    assert [lib.alibi_choose_config(m, 4096) for m in (1, 64, 65, 128, 129)] == [2, 2, 3, 3, 4]
+
+
+@needs_nvcc
+def test_cutlass_int8_sm80_path_compiles_for_sm80(int8_sm80):
+    lib = _host_api(int8_sm80, "int8")
+    assert b"CUTLASS 2" in lib.alibi_path()
+    assert [lib.alibi_choose_config(m, n) for m, n in [(16, 1), (17, 1), (64, 1), (128, 4096), (128, 8192)]] \
+        == [0, 1, 2, 2, 3]
+
+
+@needs_nvcc
+def test_the_epilogue_is_compiled_to_explicit_fmul_and_ffma_without_flush_to_zero(int8_sm90):
+    """The SASS of the scaled kernels multiplies with FMUL and fuses the bias with FFMA, never .FTZ."""
+    cuobjdump = nvcc.find_nvcc().with_name("cuobjdump")
+    if not cuobjdump.is_file():
+        pytest.skip(f"cuobjdump not found next to nvcc ({cuobjdump})")
+    sass = subprocess.run([str(cuobjdump), "--dump-sass", str(int8_sm90)], capture_output=True, text=True).stdout
+    assert "FFMA" in sass and "FMUL" in sass
+    assert ".FTZ" not in sass
+    assert "I2F" in sass  # int32 accumulator -> fp32, round to nearest
+
+
+@needs_nvcc
+def test_a_second_build_reuses_the_cached_library_without_compiling(int8_sm90, monkeypatch):
+    stamp = int8_sm90.stat().st_mtime_ns
+    monkeypatch.setattr(nvcc, "_run", lambda cmd: pytest.fail(f"recompiled: {cmd}"))
+    t0 = time.perf_counter()
+    again = CutlassInt8Kernel().build("sm_90a")
+    assert again == int8_sm90 and again.stat().st_mtime_ns == stamp
+    assert time.perf_counter() - t0 < 5
+
+
+@needs_nvcc
+def test_a_build_leaves_only_the_library_its_record_and_a_lock(int8_sm90, cache):
+    kernels = cache / "kernels"
+    record = nvcc.build_record(int8_sm90)
+    assert record["cutlass"] == nvcc.cutlass_version() and record["gencode"] == ["arch=compute_90a,code=sm_90a"]
+    assert set(record["compile_seconds"]) == set(int8_library("sm90", "sm_90a").sources)
+    assert not [p for p in kernels.iterdir() if p.name.endswith(".building")]
+
+
+@needs_nvcc
+def test_alibi_kernels_build_cutlass_compiles_without_a_gpu(int8_sm90, cache):
+    proc = subprocess.run([sys.executable, "-m", "alibi", "kernels", "build", "cutlass", "--arch", "sm_90"],
+                          capture_output=True, text=True, env={**os.environ, "ALIBI_CACHE": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    assert str(int8_sm90) in proc.stdout
+
+
+@needs_nvcc
+def test_a_compile_error_is_reported_with_the_failing_file(tmp_path, monkeypatch, cache):
+    broken = tmp_path / "csrc"
+    broken.mkdir()
+    (broken / "broken.cu").write_text("this is not C++\n")
+    monkeypatch.setattr(nvcc, "CSRC", broken)
+    with pytest.raises(nvcc.BuildError, match="broken.cu"):
+        nvcc.build(nvcc.Library("broken", ("broken.cu",), (nvcc.gencode_for("sm_80"),)))
+    assert not [p for p in (cache / "kernels").iterdir() if p.name.startswith("broken")]
+
+
+def test_cache_key_depends_on_the_target_architecture():
+    if NVCC_REASON:
+        pytest.skip(NVCC_REASON)
+    nv, inc = nvcc.find_nvcc(), nvcc.cutlass_include_dirs()
+    k80 = nvcc.build_key(int8_library("sm80", "sm_80"), nv, inc)
+    k89 = nvcc.build_key(int8_library("sm80", "sm_89"), nv, inc)
+    assert k80 != k89 and k80 == nvcc.build_key(int8_library("sm80", "sm_80"), nv, inc)
+
+
+def test_missing_nvcc_is_kernel_unavailable_naming_the_cuda_toolkit(monkeypatch, tmp_path):
+    for var in ("ALIBI_NVCC", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(nvcc, "NVCC_FALLBACK", tmp_path / "no-nvcc")
+    with pytest.raises(KernelUnavailable, match="install the CUDA toolkit"):
+        nvcc.find_nvcc()
+
+
+def test_missing_cutlass_headers_say_pip_install_nvidia_cutlass(monkeypatch):
+    monkeypatch.delenv("ALIBI_CUTLASS_INCLUDE", raising=False)
+    monkeypatch.setattr(nvcc.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(KernelUnavailable, match="pip install nvidia-cutlass"):
+        nvcc.cutlass_include_dirs()
+
+
+def test_alibi_cutlass_include_must_hold_cutlass_headers(monkeypatch, tmp_path):
+    monkeypatch.setenv("ALIBI_CUTLASS_INCLUDE", str(tmp_path))
+    with pytest.raises(KernelUnavailable, match="ALIBI_CUTLASS_INCLUDE"):
+        nvcc.cutlass_include_dirs()
+
+
+@pytest.mark.parametrize("arch", ["90", "sm90", "compute_90", "sm_9x", ""])
+def test_a_malformed_architecture_is_bad_input(arch):
+    with pytest.raises(InputError, match="sm_80"):
+        nvcc.gencode_for(arch)
+
+
+def test_the_fp8_kernel_refuses_to_build_for_anything_but_sm90a():
+    with pytest.raises(InputError, match="sm_90a"):
+        CutlassFp8Kernel().build("sm_89")

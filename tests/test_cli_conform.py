@@ -1,0 +1,165 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from faulty_kernels import Reference, divergent_tile
+from safetensors.torch import save_file
+
+from alibi.cli import main
+from alibi.emulator import EpilogueModel, run_model
+from alibi.kernels import register
+from alibi.kernels.base import Kernel
+from alibi.numerics import bitwise_equal_mask
+from alibi.tile import save_tile
+
+EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]
+
+
+def write_foreign_tiles(folder, n=3):
+    """Tiles written with the plain safetensors library, as another program would."""
+    folder.mkdir()
+    for i in range(n):
+        t = divergent_tile(seed=i)
+        save_file({"a_q": t.a_q, "s_a": t.s_a, "w_q": t.w_q, "s_w": t.s_w}, str(folder / f"layer{i}.safetensors"),
+                  metadata={"name": f"layer{i}"})
+    return folder
+
+
+def test_emulator_orders_report_the_exact_number_of_differing_elements_per_tile(tmp_path):
+    tiles = write_foreign_tiles(tmp_path / "tiles")
+    assert main(["conform", *EMU, "--tiles", str(tiles), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["schema"] == "alibi.conform/v1" and report["verdict"] == "pass"
+    for u in report["tiles"]:
+        t = divergent_tile(seed=int(u["tile"].removeprefix("layer")))
+        want = int((~bitwise_equal_mask(run_model(EpilogueModel("w_then_a"), t),
+                                        run_model(EpilogueModel("a_then_w"), t))).sum())
+        assert u["n_differing"] == (want if u["regime"] == "real" else 0)
+        assert want > 0
+        for key in ("tile", "regime", "M", "K", "N", "n_elements", "max_ulp", "bitwise_equal", "max_abs_acc",
+                    "headroom_bits"):
+            assert key in u
+    for c in report["checks"]:
+        assert set(c) >= {"check", "fired", "applicable", "exact", "threshold", "detail", "evidence"}
+    assert (tmp_path / "r" / "report.md").is_file() and (tmp_path / "r" / "junit.xml").is_file()
+
+
+def test_a_k_beyond_the_int32_bound_fires_check_2_and_exits_1(tmp_path):
+    K = 132105
+    a = torch.ones((1, K), dtype=torch.int8)
+    a[0, 0] = -128
+    (tmp_path / "t").mkdir()
+    save_tile(divergent_tile().replace(a_q=a, s_a=torch.ones(1), w_q=torch.ones((2, K), dtype=torch.int8),
+                                       s_w=torch.ones(2)), tmp_path / "t" / "deep.safetensors")
+    assert main(["conform", *EMU, "--tiles", str(tmp_path / "t"), "--out", str(tmp_path / "r"), "--quiet"]) == 1
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    check2 = next(c for c in report["checks"] if c["check"] == "int32-no-overflow")
+    assert check2["fired"] and report["verdict"] == "fail"
+
+
+def _bad_tile_dirs(tmp_path):
+    t = divergent_tile()
+    ok = {"a_q": t.a_q, "s_a": t.s_a, "w_q": t.w_q, "s_w": t.s_w}
+    cases = {
+        "wrong-dtype": {**ok, "a_q": t.a_q.to(torch.int16)},
+        "mismatched-k": {**ok, "w_q": t.w_q[:, :-1].contiguous()},
+        "scale-shape": {**ok, "s_w": t.s_w[:-1].contiguous()},
+        "non-finite": {**ok, "s_a": torch.full_like(t.s_a, float("nan"))},
+        "zero-scale": {**ok, "s_w": torch.zeros_like(t.s_w)},
+        "negative-scale": {**ok, "s_w": -t.s_w},
+        "missing-tensor": {k: v for k, v in ok.items() if k != "w_q"},
+    }
+    for name, tensors in cases.items():
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "x.safetensors"))
+    (tmp_path / "truncated").mkdir()
+    save_file(ok, str(tmp_path / "whole.safetensors"))
+    (tmp_path / "truncated" / "x.safetensors").write_bytes((tmp_path / "whole.safetensors").read_bytes()[:100])
+    (tmp_path / "not-safetensors").mkdir()
+    (tmp_path / "not-safetensors" / "x.safetensors").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    return [*cases, "truncated", "not-safetensors", "empty"]
+
+
+def test_each_kind_of_bad_tile_input_exits_2_with_the_file_named_and_no_report(tmp_path, capsys):
+    for name in _bad_tile_dirs(tmp_path):
+        out = tmp_path / f"out-{name}"
+        assert main(["conform", *EMU, "--tiles", str(tmp_path / name), "--out", str(out)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("alibi: error: ") and str(tmp_path / name) in err[0], (name, err)
+        assert not out.exists(), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel-a", "nope", "--kernel-b", "emulator:a_then_w"], "unknown kernel 'nope'"),
+    (["--kernel-a", "emulator:w_then_a"], "give both"),
+    ([*EMU, "--synthetic", "nope"], "unknown synthetic preset"),
+    ([*EMU, "--scales", "real,half"], "unknown or empty regime"),
+    ([*EMU, "--tiles", "/nonexistent/tiles"], "not a folder of tiles"),
+])
+def test_bad_usage_exits_2_with_a_one_line_error(tmp_path, capsys, args, message):
+    out = tmp_path / "r"
+    assert main(["conform", *args, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_unwritable_out_exits_2_before_running(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(tmp_path / "file" / "r"), "--quiet"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root can write anywhere; the read-only case only means something for users
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(ro / "r"), "--quiet"]) == 2
+
+
+def test_a_kernel_that_fails_mid_run_leaves_no_report(tmp_path):
+    class Crashes(Reference):
+        name = "crashes"
+        calls = 0
+
+        def scaled_mm(self, *a, **k):
+            Crashes.calls += 1
+            if Crashes.calls > 3:
+                raise RuntimeError("device fault")
+            return super().scaled_mm(*a, **k)
+
+    register("test-crashes", Crashes)
+    with pytest.raises(RuntimeError):
+        main(["conform", "--kernel-a", "test-crashes", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny",
+              "--out", str(tmp_path / "r"), "--quiet"])
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_an_unavailable_kernel_exits_3(tmp_path, capsys):
+    class NotHere(Kernel):
+        name = "not-here"
+
+        def available(self):
+            return False, "needs the FooAccelerator; install foo-runtime"
+
+    register("test-not-here", NotHere)
+    assert main(["conform", "--kernel-a", "test-not-here", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny",
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 3
+    assert "FooAccelerator" in capsys.readouterr().err
+
+
+def test_kernels_json_lists_name_available_and_reason(capsys):
+    assert main(["kernels", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {r["name"]: r for r in rows}
+    assert {"emulator:w_then_a", "emulator:a_then_w", "emulator:product_first", "torch-cpu", "triton"} <= set(names)
+    assert all({"name", "available", "reason"} <= set(r) for r in rows)
+    assert names["torch-cpu"]["available"] is True
+
+
+def test_the_console_script_runs_and_prints_a_summary(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "alibi", "conform", *EMU, "--synthetic", "tiny", "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict: PASS" in proc.stdout and "pow2-identity" in proc.stdout
