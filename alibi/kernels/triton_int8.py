@@ -77,7 +77,6 @@ from alibi.emulator import VLLM_TRITON
 from alibi.errors import InputError
 from alibi.kernels.base import Kernel
 
-
 # --- block sizes --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def scaled_mm_kernel(
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
 
     acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
-    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+    for k in range((K + BLOCK_K - 1) // BLOCK_K):
         mask_k = offs_k < K - k * BLOCK_K
         # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
         # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)

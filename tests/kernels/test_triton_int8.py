@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 import triton
 import triton.language as tl
 
@@ -88,7 +87,7 @@ def _run(kernel, a, s_a, w, s_w, bias=None, out_dtype=torch.bfloat16) -> torch.T
 # --- availability and evidence ------------------------------------------------------------------
 
 def test_triton_kernel_says_which_backend_runs_it(triton_kernel):
-    ok, reason = triton_kernel.available()
+    _, reason = triton_kernel.available()
     ev = triton_kernel.evidence()
     assert ev["triton"] == triton.__version__
     if torch.cuda.is_available():
@@ -114,7 +113,8 @@ def test_kernel_works_under_the_interpreter_even_when_triton_was_imported_before
                            apply_epilogue(VLLM_TRITON, exact_accumulator(a, w), s_a, s_w).view(torch.int16))
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            check=False)
     assert result.returncode == 0, result.stderr[-2000:]
 
 

@@ -1,0 +1,115 @@
+"""Operand capture: the exact int8 operands and scales each quantized Linear hands its kernel.
+
+`OperandRecorder` attaches an observer to every `W8A8Linear` of a loaded model. The observer runs
+inside the Linear's forward after per-token quantization and before the kernel call, and stores a
+copy of `a_q` and `s_a` — the very tensors passed to `kernel.scaled_mm` — while the weights and
+weight scales are the Linear's own buffers. It returns nothing and touches no tensor it is given,
+so the model's outputs with and without capture are bit-identical (a test holds this).
+
+Copies stay on the model's device during the forward (no host synchronisation per layer) and
+move to the CPU when tiles are built, so the forward costs little more than one copy of each
+layer's int8 activations.
+
+A capture folder holds one tile file per Linear call, named `<call index>_<layer>.safetensors`
+in execution order, plus `manifest.json` (kind `capture`) with the model, prompt-set and tokenizer
+digests, the kernel and the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from alibi.model.runner import LoadedModel, W8A8Linear
+from alibi.tile import Tile, tile_bytes
+
+
+@dataclass(frozen=True)
+class CapturedCall:
+    """One call of one quantized Linear: its `layer` name, its `call` number for that layer
+    (0 for the first), and the activation operands `a_q` [M,K] int8 and `s_a` [M] fp32."""
+
+    layer: str
+    call: int
+    a_q: torch.Tensor
+    s_a: torch.Tensor
+
+
+@dataclass
+class OperandRecorder:
+    """Context manager recording every quantized Linear call of `lm` while active.
+
+    max_calls_per_layer: stop recording a layer after this many calls (e.g. 1 to keep only the
+    prefill of a generation); None records all.
+    """
+
+    lm: LoadedModel
+    max_calls_per_layer: int | None = None
+    calls: list[CapturedCall] = field(default_factory=list)
+    _counts: dict[str, int] = field(default_factory=dict)
+    _linears: dict[str, W8A8Linear] = field(default_factory=dict)
+
+    def _observe(self, layer: W8A8Linear, a_q: torch.Tensor, s_a: torch.Tensor) -> None:
+        n = self._counts.get(layer.name, 0)
+        if self.max_calls_per_layer is not None and n >= self.max_calls_per_layer:
+            return
+        self._counts[layer.name] = n + 1
+        self.calls.append(CapturedCall(layer.name, n, a_q.detach().clone(), s_a.detach().clone()))
+
+    def __enter__(self) -> OperandRecorder:
+        if not self.lm.quantized:
+            raise ValueError("capture needs a W8A8 model: a dense model has no quantized Linears")
+        for lin in self.lm.linears():
+            self._linears[lin.name] = lin
+            lin.observers.append(self._observe)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lin in self._linears.values():
+            lin.observers.remove(self._observe)
+
+    def tiles(self, meta: Mapping[str, str] | None = None) -> list[Tile]:
+        """One tile per recorded call, in execution order, operands on the CPU.
+
+        The tile name is the layer name (with `#<call>` appended for repeated calls); `meta`
+        is added to each tile's metadata together with the layer, its index and the call number.
+        """
+        order = {name: i for i, name in enumerate(self._linears)}
+        repeated = {c.layer for c in self.calls if c.call > 0}
+        out = []
+        for c in self.calls:
+            lin = self._linears[c.layer]
+            name = c.layer if c.layer not in repeated else f"{c.layer}#{c.call}"
+            tile_meta = {**(meta or {}), "layer": c.layer, "layer_index": str(order[c.layer]), "call": str(c.call),
+                         "source": "capture"}
+            out.append(Tile(
+                name=name,
+                a_q=c.a_q.cpu(),
+                s_a=c.s_a.cpu(),
+                w_q=lin.w_q.cpu(),
+                s_w=lin.s_w.cpu(),
+                bias=None if lin.bias is None else lin.bias.cpu(),
+                out_dtype=torch.bfloat16,
+                meta=tile_meta,
+            ))
+        return out
+
+
+def tile_file_name(index: int, tile: Tile) -> str:
+    """`<index>_<tile name>.safetensors` (zero-padded so the listing keeps execution order)."""
+    safe = tile.name.replace("/", "_").replace("#", "-")
+    return f"{index:04d}_{safe}.safetensors"
+
+
+def write_tiles(folder: Path, tiles: list[Tile]) -> list[str]:
+    """Write validated tiles into the (staging) `folder`; returns the file names in order."""
+    names = []
+    for i, tile in enumerate(tiles):
+        tile.validate()
+        name = tile_file_name(i, tile)
+        (folder / name).write_bytes(tile_bytes(tile))
+        names.append(name)
+    return names
