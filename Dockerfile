@@ -12,9 +12,10 @@ COPY pyproject.toml README.md ./
 COPY .ci/constraints.txt .ci/constraints.txt
 COPY alibi alibi
 COPY tests tests
-# CUDA build of torch (its default wheel on Linux); the CPU pin in .ci/constraints.txt is for CI.
+# CUDA build of torch (its default wheel on Linux) with the triton it pins; the CPU pins in
+# .ci/constraints.txt are for CI.
 RUN python3 -m pip install --no-cache-dir "torch==2.9.1" && \
-    grep -v '^torch==' .ci/constraints.txt > /tmp/constraints.txt && \
+    grep -vE '^(torch|triton)==' .ci/constraints.txt > /tmp/constraints.txt && \
     python3 -m pip install --no-cache-dir -c /tmp/constraints.txt -e '.[test]'
 
 CMD ["python3", "-m", "pytest", "-q"]
