@@ -401,8 +401,8 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
             raise InputError(f"{out}: cannot resume: the run was started under different conditions ({why}); "
                              "start a fresh run in another folder")
         planned = {f"{u}.json" for u in record["units"]}
-        strays = sorted(set(p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith("."))
-                        - planned) if (out / UNITS_DIR).is_dir() else []
+        present = {p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith(".")}
+        strays = sorted(present - planned)
         if strays:
             raise InputError(f"{out / UNITS_DIR / strays[0]}: not a unit of this run; remove it and resume")
         return

@@ -54,7 +54,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            description="all 196 decoder linear layers of Qwen3-1.7B at M=512 (GPU-sized)"),
     Preset("tiny", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8,
            description="two small tiles for tests"),
+    Preset("epilogue-probe", "probe", (("probe", 256, 256),), 1, 64,
+           description="one tile whose fp32 scales are searched so the three scale orders disagree on many "
+                       "outputs: tells epilogue models apart (alibi identify)"),
+    Preset("epilogue-probe-bias", "probe", (("probe", 256, 256),), 1, 64, bias=True,
+           description="epilogue-probe plus an fp32 bias that cancels one row per column: also tells the "
+                       "bias modes apart"),
 )}
+PROBES = ("epilogue-probe", "epilogue-probe-bias")
 DEFAULT_PRESET = "smollm2-135m"
 
 
@@ -92,6 +99,8 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
     if rows < 1:
         raise InputError(f"synthetic M must be at least 1, got {rows}")
     gen = torch.Generator().manual_seed(seed)
+    if preset in PROBES:
+        return [_probe_tile(gen, rows, p.block[0][1], p.block[0][2], p.bias, preset, seed)]
     tiles = []
     for layer in range(p.layers):
         for kind, K, N in p.block:
@@ -103,3 +112,35 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
                     "layer": str(layer), "kind": kind}
             tiles.append(Tile(f"layers.{layer}.{kind}", a_q, s_a, w_q, s_w, bias, torch.bfloat16, meta).validate())
     return tiles
+
+
+def _probe_tile(gen: torch.Generator, M: int, K: int, N: int, bias: bool, preset: str, seed: int) -> Tile:
+    """A tile built so that `w_then_a`, `a_then_w` and `product_first` disagree on many outputs.
+
+    Real-scale disagreements are rare (parts per million), which makes them useless for telling
+    models apart on small inputs. Here the weight scales are random fp32 and each row's activation
+    scale is chosen among 256 random candidates as the one for which the three orders give the
+    most distinct bf16 outputs. With `bias`, column n's fp32 bias cancels row (n mod M)'s output
+    to about 2⁻²⁰ of its size, so the rounding of the product before the add (fma or not) and the
+    cast before the add (add_after_cast) show in the result.
+    """
+    a_q = torch.randint(-127, 128, (M, K), generator=gen, dtype=torch.int8)
+    w_q = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8)
+    acc = (a_q.to(torch.float64) @ w_q.to(torch.float64).T).to(torch.float32)
+    s_w = (torch.rand(N, generator=gen) + 0.5) * 2.0**-7
+    candidates = (torch.rand((256, 1), generator=gen) + 0.5) * 2.0**-6
+    s_a = torch.empty(M)
+    for m in range(M):
+        row = acc[m].unsqueeze(0)
+        wa = ((row * s_w) * candidates).to(torch.bfloat16)
+        aw = ((row * candidates) * s_w).to(torch.bfloat16)
+        pf = (row * (candidates * s_w)).to(torch.bfloat16)
+        score = (wa != aw).sum(1) + (aw != pf).sum(1) + (wa != pf).sum(1)
+        s_a[m] = candidates[int(score.argmax()), 0]
+    b = None
+    if bias:
+        y = (acc * s_a.unsqueeze(1)) * s_w
+        rows = torch.arange(N) % M
+        b = -(y[rows, torch.arange(N)] * (1 + 2.0**-20)).to(torch.float32)
+    meta = {"source": f"synthetic:{preset}", "seed": str(seed), "model": "probe", "layer": "0", "kind": "probe"}
+    return Tile("probe", a_q, s_a, w_q, s_w, b, torch.bfloat16, meta).validate()

@@ -17,7 +17,13 @@ import yaml
 from alibi.errors import InputError
 from alibi.experiment import load_experiment, run_experiment
 from alibi.governance import prereg
-from alibi.governance.manifest import build_predicate, read_manifest, strip_timestamp, verify_files, write_manifest
+from alibi.governance.manifest import (
+    build_predicate,
+    read_manifest,
+    strip_timestamp,
+    verify_files,
+    write_manifest,
+)
 from alibi.governance.prereg import ProtocolViolation
 from alibi.synthetic import synthetic_tiles
 from alibi.tile import save_tile

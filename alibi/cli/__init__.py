@@ -19,10 +19,16 @@ from alibi.errors import InputError, KernelUnavailable
 COMMAND_MODULES = [
     "alibi.cli.conform",
     "alibi.cli.kernels",
+    "alibi.cli.identify",
     "alibi.cli.run",
     "alibi.cli.manifest",
     "alibi.cli.prereg",
     "alibi.cli.bench",
+    "alibi.cli.model",
+    "alibi.cli.prompts",
+    "alibi.cli.capture",
+    "alibi.cli.predict",
+    "alibi.cli.eval",
 ]
 
 

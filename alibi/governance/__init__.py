@@ -7,7 +7,12 @@
 - `environment`: the toolkit version/commit and the software and hardware a result came from.
 """
 
-from alibi.governance.identity import IdentityRecord, IdentityViolation, compare_manifests, require_identity
+from alibi.governance.identity import (
+    IdentityRecord,
+    IdentityViolation,
+    compare_manifests,
+    require_identity,
+)
 from alibi.governance.manifest import (
     Manifest,
     Treatment,
@@ -24,6 +29,6 @@ from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_l
 
 __all__ = [
     "IdentityRecord", "IdentityViolation", "Manifest", "ProtocolRecord", "ProtocolViolation", "Treatment",
-    "build_predicate", "compare_manifests", "digest_path", "read_manifest", "require_identity",
-    "require_locked", "resource", "sha256_file", "treatment_of", "verify_files", "write_manifest",
+    "build_predicate", "compare_manifests", "digest_path", "read_manifest", "require_identity", "require_locked",
+    "resource", "sha256_file", "treatment_of", "verify_files", "write_manifest",
 ]

@@ -111,7 +111,7 @@ def flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")
+    return path == prefix or path.startswith((prefix + ".", prefix + "["))
 
 
 def _show(value: Any) -> str:

@@ -136,7 +136,7 @@ def resource(name: str, path: str | os.PathLike) -> dict[str, Any]:
 
 def utc_now() -> str:
     """The current UTC time, ISO 8601 to the second with a `Z` suffix."""
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def canonical_json(obj: Any) -> str:
@@ -441,7 +441,8 @@ def strip_timestamp(statement: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "KINDS", "MANIFEST_NAME", "STATEMENT_TYPE", "TIMESTAMP_FIELD", "Manifest", "Subject", "Treatment",
-    "build_predicate", "build_statement", "kernel_build_digest", "treatment_of", "canonical_json", "digest_path", "digest_set", "digest_tree", "folder_files",
-    "manifest_path", "predicate_type", "read_manifest", "resource", "sha256_bytes", "sha256_file",
-    "statement_problems", "strip_timestamp", "utc_now", "verify_files", "write_manifest",
+    "build_predicate", "build_statement", "canonical_json", "digest_path", "digest_set", "digest_tree",
+    "folder_files", "kernel_build_digest", "manifest_path", "predicate_type", "read_manifest", "resource",
+    "sha256_bytes", "sha256_file", "statement_problems", "strip_timestamp", "treatment_of", "utc_now",
+    "verify_files", "write_manifest",
 ]

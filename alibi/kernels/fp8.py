@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 from alibi.emulator import EpilogueModel
 from alibi.errors import InputError
@@ -156,7 +157,8 @@ class ScaledMmFp8Kernel(Kernel):
         check_operands(self.name, a_q, w_q, FP8)
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
-        M, N = a_q.shape[0], w_q.shape[0]
+        M, K = a_q.shape
+        N = w_q.shape[0]
         scale_a, scale_b = self._scales(s_a, s_w, M, N)
         if bias is not None:
             # torch._scaled_mm takes the bias in the output dtype; the conversion must be exact.
@@ -165,10 +167,24 @@ class ScaledMmFp8Kernel(Kernel):
                 raise InputError(f"kernel {self.name!r}: the {bias.dtype} bias is not exactly representable in "
                                  f"{out_dtype}, which torch._scaled_mm requires")
             bias = b
-        out = torch._scaled_mm(a_q.contiguous(), w_q.contiguous().t(), scale_a=scale_a, scale_b=scale_b,
-                               bias=bias, out_dtype=out_dtype, use_fast_accum=self.use_fast_accum)
-        self.last_run = {"op": "scaled_mm", "scaling": "tensorwise" if self.tensorwise else "rowwise"}
-        return out
+        # torch._scaled_mm needs K and N multiples of 16: zero K columns and zero weight rows
+        # (scale 1, bias 0) whose output columns are dropped — exact, as for the CUTLASS kernels.
+        pad_k, pad_n = -K % 16, -N % 16
+        a, w = a_q.contiguous(), w_q.contiguous()
+        if pad_k:
+            a = F.pad(a.view(torch.uint8), (0, pad_k)).view(FP8)  # the zero byte is +0.0 in e4m3
+        if pad_k or pad_n:
+            w = F.pad(w.view(torch.uint8), (0, pad_k, 0, pad_n)).view(FP8)
+        if pad_n:
+            if not self.tensorwise:
+                scale_b = F.pad(scale_b, (0, pad_n), value=1.0)
+            if bias is not None:
+                bias = F.pad(bias, (0, pad_n))
+        out = torch._scaled_mm(a, w.t(), scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+                               use_fast_accum=self.use_fast_accum)
+        self.last_run = {"op": "scaled_mm", "scaling": "tensorwise" if self.tensorwise else "rowwise",
+                         "pad_k": pad_k, "pad_n": pad_n}
+        return out[:, :N] if pad_n else out
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

@@ -113,3 +113,102 @@ def write_tiles(folder: Path, tiles: list[Tile]) -> list[str]:
         (folder / name).write_bytes(tile_bytes(tile))
         names.append(name)
     return names
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What `capture_to_folder` wrote: the `folder`, the tile file names in execution order, M."""
+
+    folder: Path
+    files: tuple[str, ...]
+    tokens: int
+
+
+def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str | Path, *, tokens: int = 512,
+                      window: int = 0, kernel: str = "torch-cpu", device: str | None = None) -> CaptureResult:
+    """Run one prefill of `tokens` tokens of prompt window `window` and write every quantized
+    Linear's operands as tiles, with a `capture` manifest, to `out` (atomically)."""
+    from alibi import atomic
+    from alibi.errors import InputError
+    from alibi.governance.manifest import build_predicate, digest_set, resource, treatment_of, write_manifest
+    from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
+    from alibi.model.prompts import load_prompt_set, require_tokenizer_match
+    from alibi.model.runner import load_model
+
+    atomic.check_writable_dir(out)
+    model_dir = Path(model_dir)
+    prompts = load_prompt_set(prompts_dir)
+    if not 0 <= window < prompts.windows:
+        raise InputError(f"--window {window} is out of range: {prompts_dir} has windows 0..{prompts.windows - 1}")
+    if not 1 <= tokens <= prompts.tokens:
+        raise InputError(f"--tokens {tokens} is out of range: {prompts_dir} has {prompts.tokens} tokens per window")
+    checkpoint = verified_checkpoint(model_dir)
+    require_tokenizer_match(prompts, model_dir)
+    lm = load_model(model_dir, kernel, device)
+    ids = prompts.input_ids[window, :tokens].reshape(1, -1)
+    with OperandRecorder(lm) as recorder:
+        lm.logits(ids)
+    meta = {"model_tensors_sha256": checkpoint.get("tensors_sha256", ""), "prompts_sha256": prompts.digest,
+            "window": str(window), "tokens": str(tokens), "kernel": lm.kernel.name}
+    tiles = recorder.tiles(meta)
+    with atomic.staged_dir(out) as stage:
+        files = write_tiles(stage, tiles)
+        write_manifest(stage, "capture", build_predicate(
+            inputs={"checkpoint": resource(model_dir.name or "model", model_dir),
+                    "prompts": resource(Path(prompts_dir).name or "prompts", prompts_dir),
+                    "tokenizer": {"name": "tokenizer", "digest": digest_set(tokenizer_digest(model_dir))}},
+            treatment=treatment_of(lm.kernel, "capture"),
+            parameters={"window": window, "tokens": tokens, "M": tokens, "tiles": len(files),
+                        "layers": len({t.meta["layer"] for t in tiles}), "device": str(lm.device),
+                        "model_tensors_digest": digest_set(checkpoint["tensors_sha256"]),
+                        "checkpoint_verified_against_manifest": checkpoint["verified"]}))
+    return CaptureResult(Path(out), tuple(files), tokens)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Capture overhead: median seconds of a forward without capture (`plain_s`), with the
+    recorder active (`capture_s`), and with the recorder plus building CPU tiles (`capture_tiles_s`),
+    and the two ratios to `plain_s`; `repeats` timed runs of each, interleaved, after one warm-up."""
+
+    plain_s: float
+    capture_s: float
+    capture_tiles_s: float
+    ratio: float
+    ratio_with_tiles: float
+    repeats: int
+    tokens: int
+
+
+def capture_overhead(lm: LoadedModel, input_ids: torch.Tensor, repeats: int = 5) -> Overhead:
+    """Time forwards of `input_ids` [1,T] with and without capture (interleaved, medians)."""
+    import statistics
+    import time
+
+    def sync() -> None:
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def plain() -> None:
+        lm.logits(input_ids)
+
+    def captured(with_tiles: bool) -> None:
+        with OperandRecorder(lm) as rec:
+            lm.logits(input_ids)
+        if with_tiles:
+            rec.tiles()
+
+    runs = {"plain": [], "capture": [], "tiles": []}
+    fns = {"plain": plain, "capture": lambda: captured(False), "tiles": lambda: captured(True)}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            runs[key].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return Overhead(med["plain"], med["capture"], med["tiles"], med["capture"] / med["plain"],
+                    med["tiles"] / med["plain"], repeats, int(input_ids.shape[-1]))

@@ -2,7 +2,7 @@
 
 A checkpoint folder holds `config.json`, the weights as `model.safetensors` or as shards listed
 in `model.safetensors.index.json`, optional tokenizer files, and (when written by this toolkit)
-`alibi_manifest.json` with the digests of everything else. Reading needs only torch and
+`manifest.json`, an alibi manifest pinning every other file. Reading needs only torch and
 safetensors. Writing goes into a folder the caller stages with `alibi.atomic.staged_dir`, so a
 failed write never leaves a half checkpoint at the destination.
 """
@@ -24,7 +24,7 @@ from alibi.model.digests import combined_sha256, file_sha256, json_sha256, tenso
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MANIFEST_FILE = "alibi_manifest.json"
+MANIFEST_FILE = "manifest.json"  # alibi.governance.manifest.MANIFEST_NAME
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -162,24 +162,25 @@ def checkpoint_digests(folder: str | Path, tensors: Mapping[str, torch.Tensor] |
     )
 
 
-def write_manifest(folder: str | Path, kind: str, provenance: Mapping, tensors: Mapping[str, torch.Tensor] | None = None) -> dict:
-    """Write `alibi_manifest.json` into `folder`: its kind, provenance and digests. Returns it."""
+def verified_checkpoint(folder: str | Path) -> dict:
+    """Check the checkpoint in `folder` against its `manifest.json` when it has one.
+
+    Returns `{"tensors_sha256": <tensor digest>, "verified": bool}`: with a manifest, every file
+    must match it (InputError naming the first mismatch) and the tensor digest is the one it
+    records; without one (e.g. a checkpoint made by llm-compressor) the digest is computed and
+    `verified` is False.
+    """
+    from alibi.governance.manifest import read_manifest, verify_files
+
     folder = Path(folder)
-    manifest = {
-        "kind": kind,
-        "provenance": dict(provenance),
-        "digests": checkpoint_digests(folder, tensors).as_dict(),
-    }
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return manifest
-
-
-def read_manifest(folder: str | Path) -> dict | None:
-    """The checkpoint's `alibi_manifest.json`, or None if it has none."""
-    path = Path(folder) / MANIFEST_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); delete it and re-run `alibi model prepare`") from exc
+    read_config(folder)
+    if not (folder / MANIFEST_FILE).is_file():
+        return {"tensors_sha256": tensors_sha256(read_tensors(folder)), "verified": False}
+    manifest = read_manifest(folder)
+    problems = verify_files(folder)
+    if problems:
+        raise InputError(f"{folder}: does not match its manifest ({problems[0]}); re-run `alibi model prepare` "
+                         "or restore the checkpoint")
+    recorded = (manifest.predicate.get("parameters") or {}).get("tensors_digest") or {}
+    digest = recorded.get("sha256") or tensors_sha256(read_tensors(folder))
+    return {"tensors_sha256": digest, "verified": True}

@@ -27,7 +27,7 @@ def test_the_toolkit_record_names_this_package_and_its_version():
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_the_git_commit_is_read_from_the_checkout(tmp_path):
-    run = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True, text=True)
     run("init", "-q")
     (tmp_path / "f").write_text("x")
     run("add", "f")

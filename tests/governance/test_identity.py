@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from alibi.governance.identity import IdentityViolation, compare_manifests, require_identity
-from alibi.governance.manifest import build_predicate, resource, treatment_of, write_manifest
+from alibi.governance.identity import (
+    IdentityViolation,
+    compare_manifests,
+    require_identity,
+)
+from alibi.governance.manifest import (
+    build_predicate,
+    resource,
+    treatment_of,
+    write_manifest,
+)
 from alibi.kernels import get_kernel
 
 

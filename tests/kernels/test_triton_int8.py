@@ -118,6 +118,20 @@ def test_kernel_works_under_the_interpreter_even_when_triton_was_imported_before
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_without_triton_the_kernels_import_and_say_why_they_are_unavailable():
+    code = """if True:
+        import sys
+        sys.modules["triton"] = None  # makes `import triton` raise ImportError
+        from alibi.kernels import get_kernel
+        for name in ("triton", "triton-fp8", "mutant:truncate-cast:triton"):
+            ok, reason = get_kernel(name).available()
+            assert not ok and "triton is not importable" in reason, (name, reason)
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_run_on_a_tile_returns_output_accumulator_and_the_block_config_used(triton_kernel):
     a, s_a, w, s_w = _operands(5, 70, 9, seed=3)
     tile = Tile(name="t", a_q=a, s_a=s_a, w_q=w, s_w=s_w, bias=_bias(9, torch.bfloat16, 3))

@@ -1,0 +1,40 @@
+"""`alibi identify`: name the epilogue model a kernel implements, from its output bits alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from alibi.identify import identify
+from alibi.kernels import get_kernel
+from alibi.synthetic import PRESETS, synthetic_tiles
+from alibi.tile import load_tile_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("identify", help="which known epilogue model a kernel's output bits match")
+    p.add_argument("kernel", help="kernel name (see 'alibi kernels')")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--tiles", type=Path, help="folder of tiles (real, non-power-of-two scales)")
+    src.add_argument("--synthetic", metavar="PRESET", default="epilogue-probe-bias",
+                     help=f"synthetic preset (default epilogue-probe-bias): {', '.join(PRESETS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the candidates as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    kernel = get_kernel(args.kernel)
+    kernel.require_available()
+    tiles = load_tile_dir(args.tiles) if args.tiles else synthetic_tiles(args.synthetic, seed=args.seed)
+    found = identify(kernel, tiles)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in found], indent=2))
+    else:
+        declared = kernel.epilogue.name if kernel.epilogue else "none"
+        print(f"{kernel.name} (declares {declared}) on {len(tiles)} tiles:")
+        for c in found:
+            mark = "MATCH" if c.matches else f"{c.n_differing} differing, max ulp {c.max_ulp}"
+            print(f"  {c.model:<28} {mark}")
+    return 0 if found and found[0].matches else 1

@@ -1,0 +1,48 @@
+"""Which known epilogue model does a black-box kernel implement?
+
+Runs the kernel once per tile and compares its bits with every epilogue model the emulator knows
+(3 scale orders × 3 bias modes; without a bias the bias modes coincide, so only the orders are
+told apart). A model *matches* when it reproduces every output bit of every tile. Use tiles
+with real (non-power-of-two) scales: under pow2 weight scales all orders agree by design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.errors import InputError
+from alibi.kernels import Kernel
+from alibi.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.tile import Tile
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """How well one epilogue model explains the kernel: differing elements over all tiles."""
+
+    model: str
+    n_differing: int
+    max_ulp: int | None
+    matches: bool
+
+
+def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
+    """Candidates sorted best first (exact matches first, then fewest differing elements)."""
+    if any(t.fmt != "int8" for t in tiles):
+        raise InputError("identify works on int8 tiles (an fp8 accumulator has no exact reference)")
+    with_bias = any(t.bias is not None for t in tiles)
+    models = [EpilogueModel(o, b) for o, b in product(ORDERS, BIAS_MODES if with_bias else ("fma",))]
+    totals = {m.name: [0, None] for m in models}
+    for tile in tiles:
+        out = kernel.run(tile).out
+        acc = exact_accumulator(tile.a_q, tile.w_q)
+        for m in models:
+            expected = apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
+            totals[m.name][0] += int((~bitwise_equal_mask(out, expected)).sum())
+            ulp = max_ulp_distance(out, expected)
+            if ulp is not None:
+                totals[m.name][1] = max(ulp, totals[m.name][1] or 0)
+    found = [Candidate(name, n, ulp, n == 0) for name, (n, ulp) in totals.items()]
+    return sorted(found, key=lambda c: (not c.matches, c.n_differing, c.model))

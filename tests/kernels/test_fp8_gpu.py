@@ -1,0 +1,133 @@
+"""On a GPU: the FP8 kernels against their declared epilogues, and their accumulators against an exact one.
+
+Two kinds of facts:
+* `cutlass-fp8` exposes its own fp32 accumulator (same mainloop configuration, same summation
+  order), so its output must equal `w_then_a+fma` applied to *that* accumulator, bit for bit, on
+  any operands.
+* On integer-valued operands with |a|,|w| ≤ 2 and K ≤ 512 every partial sum is an integer of
+  magnitude ≤ 2048 = 2¹¹: exact in fp32 and in any reduced-precision tensor-core accumulator that
+  keeps at least 12 significant bits, whatever the order. The accumulator is then known exactly
+  (the fp64 GEMM), so every kernel's output can be held to its declared model without asking it
+  for its accumulator — the only way to check the `torch._scaled_mm` paths.
+The exact reference for general e4m3 operands is a float64 GEMM of the dequantized values (exact
+for K ≤ 65536, see alibi/kernels/fp8.py); the distance of the fp32 accumulator from it is a
+measurement, bounded here only to catch layout defects.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fn
+SHAPES = [(1, 4096, 4096), (1, 1000, 1536), (16, 4096, 4096), (16, 584, 1000), (64, 1536, 576),
+          (100, 300, 520), (128, 4096, 4096), (512, 4096, 4096), (512, 1000, 32768), (4096, 4096, 4096),
+          (4096, 1001, 2048)]
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+def _random_fp8(M, N, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g).mul(2).to(FP8)
+    w = torch.randn(N, K, generator=g).mul(0.5).to(FP8)
+    s_a = (torch.rand(M, generator=g) * 0.05 + 1e-3).float()
+    s_w = (torch.rand(N, generator=g) * 2e-3 + 1e-4).float()
+    return a, s_a, w, s_w
+
+
+def _small_integer_fp8(M, N, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-2, 3, (M, K), generator=g).float().to(FP8)
+    w = torch.randint(-2, 3, (N, K), generator=g).float().to(FP8)
+    s_a = (torch.rand(M, generator=g) * 0.05 + 1e-3).float()
+    s_w = (torch.rand(N, generator=g) * 2e-3 + 1e-4).float()
+    return a, s_a, w, s_w
+
+
+def _exact(a, w):
+    return a.double() @ w.double().T
+
+
+def _matching_models(out, acc, s_a, s_w, bias, out_dtype) -> list[str]:
+    models = [EpilogueModel(o, b) for o in ORDERS for b in (BIAS_MODES if bias is not None else ("fma",))]
+    return [m.name for m in models if torch.equal(_bits(apply_epilogue(m, acc, s_a, s_w, bias, out_dtype)), _bits(out))]
+
+
+@pytest.fixture(scope="module")
+def cutlass_fp8():
+    from alibi.kernels.fp8 import CutlassFp8Kernel
+
+    k = CutlassFp8Kernel()
+    ok, reason = k.available()
+    if not ok:
+        pytest.skip(reason)
+    return k
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_cutlass_fp8_output_equals_w_then_a_fma_on_its_own_accumulator(cutlass_fp8, M, N, K):
+    a, s_a, w, s_w = _random_fp8(M, N, K, seed=M + N + K)
+    out = cutlass_fp8.scaled_mm(a.cuda(), s_a.cuda(), w.cuda(), s_w.cuda()).cpu()
+    acc = cutlass_fp8.accumulator(a.cuda(), w.cuda()).cpu()
+    assert acc.dtype == torch.float32
+    expected = apply_epilogue(cutlass_fp8.epilogue, acc, s_a, s_w, None, torch.bfloat16)
+    assert int((_bits(out) != _bits(expected)).sum()) == 0
+    # A defect detector, not a precision claim: a layout or indexing error is of the order of
+    # Σ|a·w| itself; accumulation rounding stays far below 2⁻⁶ of it.
+    exact = _exact(a, w)
+    magnitude = a.double().abs() @ w.double().abs().T
+    assert bool(((acc.double() - exact).abs() <= magnitude * 2**-6 + 1e-30).all())
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 1000, 1536), (512, 4096, 4096), (4096, 1001, 2048)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_cutlass_fp8_with_bias_equals_the_fused_model_on_its_own_accumulator(cutlass_fp8, M, N, K, out_dtype):
+    a, s_a, w, s_w = _random_fp8(M, N, K, seed=3)
+    bias = (torch.randn(N) * 4).to(torch.bfloat16)
+    out = cutlass_fp8.scaled_mm(a.cuda(), s_a.cuda(), w.cuda(), s_w.cuda(), bias.cuda(), out_dtype).cpu()
+    acc = cutlass_fp8.accumulator(a.cuda(), w.cuda()).cpu()
+    expected = apply_epilogue(cutlass_fp8.epilogue, acc, s_a, s_w, bias, out_dtype)
+    assert int((_bits(out) != _bits(expected)).sum()) == 0
+
+
+def test_cutlass_fp8_per_tensor_scales_are_broadcast_exactly(cutlass_fp8):
+    a, _, w, _ = _random_fp8(64, 576, 1536, seed=9)
+    s_a, s_w = torch.tensor([0.0123], dtype=torch.float32), torch.tensor([0.00071], dtype=torch.float32)
+    out = cutlass_fp8.scaled_mm(a.cuda(), s_a.cuda(), w.cuda(), s_w.cuda()).cpu()
+    acc = cutlass_fp8.accumulator(a.cuda(), w.cuda()).cpu()
+    assert torch.equal(_bits(out), _bits(apply_epilogue(cutlass_fp8.epilogue, acc, s_a, s_w, None, torch.bfloat16)))
+
+
+@pytest.mark.parametrize("name", ["cutlass-fp8", "cublaslt-fp8", "cublaslt-fp8-tensorwise"])
+@pytest.mark.parametrize("M,N,K", [(1, 1000, 512), (16, 4096, 512), (512, 1536, 384), (4096, 576, 512)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp8_kernel_equals_its_declared_model_where_every_partial_sum_is_exact(name, M, N, K, with_bias):
+    from alibi.kernels import get_kernel
+
+    kernel = get_kernel(name)
+    ok, reason = kernel.available()
+    if not ok:
+        pytest.skip(reason)
+    a, s_a, w, s_w = _small_integer_fp8(M, N, K, seed=M + K)
+    if name.endswith("tensorwise"):
+        s_a, s_w = s_a[:1].clone(), s_w[:1].clone()
+    bias = (torch.randn(N) * 4).to(torch.bfloat16) if with_bias else None
+    out = kernel.scaled_mm(a.cuda(), s_a.cuda(), w.cuda(), s_w.cuda(), None if bias is None else bias.cuda()).cpu()
+    acc = _exact(a, w).float()  # exact: integers of magnitude ≤ 4·K ≤ 2048
+    expected = apply_epilogue(kernel.epilogue, acc, s_a, s_w, bias, torch.bfloat16)
+    differ = int((_bits(out) != _bits(expected)).sum())
+    assert differ == 0, (f"{name}: {differ} elements differ from its declared {kernel.epilogue.name}; "
+                         f"models matching exactly: {_matching_models(out, acc, s_a, s_w, bias, torch.bfloat16)}")
+
+
+def test_cutlass_fp8_accumulator_is_exact_when_every_partial_sum_is(cutlass_fp8):
+    a, _, w, _ = _small_integer_fp8(4096, 1000, 512, seed=1)
+    acc = cutlass_fp8.accumulator(a.cuda(), w.cuda()).cpu()
+    assert torch.equal(acc.double(), _exact(a, w))
