@@ -119,7 +119,7 @@ def _probe_tile(gen: torch.Generator, M: int, K: int, N: int, bias: bool, preset
 
     Real-scale disagreements are rare (parts per million), which makes them useless for telling
     models apart on small inputs. Here the weight scales are random fp32 and each row's activation
-    scale is chosen among 256 random candidates as the one for which the three orders give the
+    scale is chosen among 512 random candidates as the one for which the three orders give the
     most distinct bf16 outputs. With `bias`, column n's fp32 bias cancels row (n mod M)'s output
     to about 2⁻²⁰ of its size, so the rounding of the product before the add (fma or not) and the
     cast before the add (add_after_cast) show in the result.
@@ -128,7 +128,7 @@ def _probe_tile(gen: torch.Generator, M: int, K: int, N: int, bias: bool, preset
     w_q = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8)
     acc = (a_q.to(torch.float64) @ w_q.to(torch.float64).T).to(torch.float32)
     s_w = (torch.rand(N, generator=gen) + 0.5) * 2.0**-7
-    candidates = (torch.rand((256, 1), generator=gen) + 0.5) * 2.0**-6
+    candidates = (torch.rand((512, 1), generator=gen) + 0.5) * 2.0**-6
     s_a = torch.empty(M)
     for m in range(M):
         row = acc[m].unsqueeze(0)

@@ -23,7 +23,7 @@ def test_the_probe_tells_all_nine_epilogue_models_apart(probe, order, bias):
 def test_the_probe_preset_makes_scale_orders_disagree_often():
     tile = synthetic_tiles("epilogue-probe")[0]
     found = {c.model: c for c in identify(get_kernel("emulator:w_then_a"), [tile])}
-    assert found["a_then_w+fma"].n_differing > 50 and found["a_then_w+fma"].max_ulp == 1
+    assert found["a_then_w+fma"].n_differing > 10 and found["a_then_w+fma"].max_ulp == 1
 
 
 def test_identify_cli_names_the_declared_model_of_torch_cpu(capsys):
