@@ -210,3 +210,9 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run_apart_from_
     for name in a:
         assert _without_timestamp(name, a[name]) == _without_timestamp(name, b[name]), f"{name} differs"
     assert verify_files(killed) == [] and verify_files(straight) == []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_experiment_file_is_valid(path):
+    exp = load_experiment(path)
+    assert exp.name == path.stem and exp.out is not None

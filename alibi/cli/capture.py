@@ -13,7 +13,7 @@ from pathlib import Path
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="W8A8 checkpoint folder (e.g. OUT/w8a8)")
     p.add_argument("--prompts", type=Path, required=True, help="prompt set folder (`alibi prompts build`)")
-    p.add_argument("--tokens", type=int, default=512, help="tokens of the window to run, i.e. M (default 512)")
+    p.add_argument("--tokens", type=int, help="tokens of the window to run, i.e. M (default: the whole window)")
     p.add_argument("--window", type=int, default=0, help="which window of the prompt set (default 0)")
     p.add_argument("--kernel", default="torch-cpu", help="kernel the quantized Linears call (default torch-cpu)")
     p.add_argument("--device", help="device for the model (default: the kernel's)")
@@ -51,10 +51,11 @@ def overhead(args: argparse.Namespace) -> int:
     from alibi.model.runner import load_model
 
     prompts = load_prompt_set(args.prompts)
-    if not 0 <= args.window < prompts.windows or not 1 <= args.tokens <= prompts.tokens:
+    tokens = prompts.tokens if args.tokens is None else args.tokens
+    if not 0 <= args.window < prompts.windows or not 1 <= tokens <= prompts.tokens:
         raise InputError(f"--window/--tokens out of range for {args.prompts} ({prompts.windows}×{prompts.tokens})")
     lm = load_model(args.model, args.kernel, args.device)
-    ids = prompts.input_ids[args.window, : args.tokens].reshape(1, -1)
+    ids = prompts.input_ids[args.window, :tokens].reshape(1, -1)
     result = capture_overhead(lm, ids, args.repeats)
     doc = {**asdict(result), "kernel": lm.kernel.name, "device": str(lm.device), "environment": environment_record()}
     print(f"forward M={result.tokens} with {lm.kernel.name}: {result.plain_s:.3f}s plain, {result.capture_s:.3f}s "

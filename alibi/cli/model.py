@@ -38,7 +38,12 @@ def prepare(args: argparse.Namespace) -> int:
 
 
 def describe(args: argparse.Namespace) -> int:
-    from alibi.model.checkpoint import read_config, read_tensors, tokenizer_digest, verified_checkpoint
+    from alibi.model.checkpoint import (
+        read_config,
+        read_tensors,
+        tokenizer_digest,
+        verified_checkpoint,
+    )
     from alibi.model.compressed_tensors import parse_w8a8
 
     config = read_config(args.folder)

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib
+import inspect
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,14 +356,24 @@ class Treatment:
         }
 
 
+def _source_file(obj: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(obj)
+    except (OSError, TypeError):  # defined in __main__ or a C extension: no source file
+        return None
+
+
 def kernel_build_digest(kernel: Any) -> str:
     """Hex sha256 identifying the code a kernel runs.
 
     A kernel that knows its build (a JIT-compiled CUTLASS library, a Triton kernel's compiled
     binary) reports it through a `build_digest()` method or a `"build_digest"` evidence entry; that
-    is used as given. Otherwise the digest covers the Python source of every alibi module in the
-    kernel class's hierarchy plus the emulator and numerics modules it may call, so editing the
-    code that computes the output changes the digest.
+    is used as given. Otherwise the digest covers the source the kernel can run: every module of
+    the kernel class's hierarchy (a plugin's own module included), the emulator and numerics
+    modules, and the C++/CUDA files in a `csrc/` folder beside the kernel's module, together with
+    the class's name. It changes whenever that code changes (and sometimes when a neighbour's
+    does: over-inclusive, never blind). A class defined without a source file (`python -c`)
+    contributes its name only.
     """
     reported = getattr(kernel, "build_digest", None)
     if callable(reported):
@@ -371,18 +384,20 @@ def kernel_build_digest(kernel: Any) -> str:
         reported = reported.get("sha256")
     if reported is not None:
         return digest_set(str(reported))["sha256"]
-    import inspect
-    import sys
-
-    modules = {c.__module__ for c in type(kernel).__mro__ if c.__module__.split(".")[0] == "alibi"}
+    modules = {c.__module__ for c in type(kernel).__mro__ if c.__module__ != "builtins"}
     modules |= {"alibi.emulator", "alibi.numerics"}
-    h = hashlib.sha256()
+    files: dict[str, Path] = {}
     for name in sorted(modules):
-        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
-        source = inspect.getsourcefile(module)
-        h.update(f"{name}\n".encode())
-        h.update(Path(source).read_bytes() if source else b"")
-    return h.hexdigest()
+        source = _source_file(sys.modules.get(name) or importlib.import_module(name))
+        if source:
+            files[name] = Path(source)
+    kernel_source = _source_file(type(kernel))
+    csrc = Path(kernel_source).parent / "csrc" if kernel_source else None
+    if csrc is not None and csrc.is_dir():
+        files |= {f"csrc/{rel}": csrc / rel for rel in folder_files(csrc, exclude=())}
+    listing = f"class {type(kernel).__module__}.{type(kernel).__qualname__}\n"
+    listing += "".join(f"{sha256_file(path)}  {label}\n" for label, path in sorted(files.items()))
+    return sha256_bytes(listing.encode("utf-8"))
 
 
 def treatment_of(kernel: Any, arm: str) -> Treatment:

@@ -244,7 +244,7 @@ class CutlassInt8Kernel(Kernel):
     def available(self) -> tuple[bool, str]:
         if not torch.cuda.is_available():
             return False, ("no CUDA GPU here (torch.cuda.is_available() is False); "
-                           "'alibi kernels build cutlass --arch sm_90' still compiles it with nvcc")
+                           f"'alibi kernels build {self.name} --arch sm_90' still compiles it with nvcc")
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 0):
             return False, f"needs compute capability 8.0 or newer; this GPU is sm_{major}{minor}"
@@ -265,9 +265,10 @@ class CutlassInt8Kernel(Kernel):
         return nvcc.build(int8_library(path, "sm_90a" if path == "sm90" else arch))
 
     def library(self) -> CutlassLibrary:
-        self.require_available()
+        """The loaded library for the current GPU (availability is checked once, when it is first loaded)."""
         key = self._target()
         if key not in self._libraries:
+            self.require_available()
             self._libraries[key] = CutlassLibrary(int8_library(*key), "int8")
         return self._libraries[key]
 

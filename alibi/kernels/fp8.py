@@ -16,11 +16,18 @@ Kernels (operands float8_e4m3fn `A [M,K]`, `W [N,K]`; scales fp32 `s_a` [M] or [
   scales are broadcast to vectors before the call (the same value in every lane: exact). Unlike
   vLLM, it never swaps A and B for small M, so the scale order does not flip with M.
 * `cublaslt-fp8` — `torch._scaled_mm` with row-wise scales (`scale_a [M,1]`, `scale_b [1,N]`);
-  a per-tensor scale is broadcast to a vector. Declared epilogue: `a_then_w+fma`
-  (x-scale first, then w-scale; see `ROWWISE_EPILOGUE`).
+  a per-tensor scale is broadcast to a vector. Declared epilogue: `w_then_a+add_before_cast`.
 * `cublaslt-fp8-tensorwise` — `torch._scaled_mm` with one scale per operand (cuBLASLt's
   `D = scale_a·scale_b·acc` scaling); both scales must be [1]. Declared epilogue:
-  `product_first+fma` (see `TENSORWISE_EPILOGUE`).
+  `product_first+add_before_cast`.
+
+The bias never goes into `torch._scaled_mm`. Measured on an H200 (torch 2.11, CUDA 13): row-wise
+without a bias runs cuBLASLt, which scales by s_w first, but passing a bias switches torch to
+another kernel that scales by s_a first — one name, two epilogues. So with a bias these kernels
+ask `torch._scaled_mm` for the fp32 result (the same scaled value, before any cast) and add the
+bias in a separate fp32 torch op before the cast: one scale order per kernel, the bias in its own
+rounding (`add_before_cast`). The declared models are verified bit for bit on probe operands that
+tell every model apart (tests/kernels/test_fp8_gpu.py).
 
 Neither `torch._scaled_mm` path exposes its accumulator (a call with fp32 output may pick another
 cuBLASLt algorithm, i.e. another summation order), so `accumulator()` returns None for them; their
@@ -46,12 +53,10 @@ FP8 = torch.float8_e4m3fn
 FP8_SM90_SOURCES = ("sm90_fp8_api.cu", "sm90_fp8_bf16.cu", "sm90_fp8_f16.cu", "sm90_fp8_acc.cu")
 
 CUTLASS_FP8_EPILOGUE = EpilogueModel("w_then_a", "fma")
-# torch._scaled_mm's declared epilogues. Row-wise: PyTorch's sm90 kernel scales by the
-# activation (x) scale first, then the weight scale, and adds the bias in a node that nvcc fuses
-# with the last multiply. Tensor-wise: cuBLASLt folds scale_a·scale_b into one alpha first.
-# Both are verified bit for bit on the GPU by tests/kernels/test_fp8_gpu.py.
-ROWWISE_EPILOGUE = EpilogueModel("a_then_w", "fma")
-TENSORWISE_EPILOGUE = EpilogueModel("product_first", "fma")
+# torch._scaled_mm's declared epilogues (see the module docstring; verified on the GPU by
+# tests/kernels/test_fp8_gpu.py on operands that tell the models apart).
+ROWWISE_EPILOGUE = EpilogueModel("w_then_a", "add_before_cast")
+TENSORWISE_EPILOGUE = EpilogueModel("product_first", "add_before_cast")
 
 
 def fp8_library() -> nvcc.Library:
@@ -91,8 +96,9 @@ class CutlassFp8Kernel(Kernel):
         return nvcc.build(fp8_library())
 
     def library(self) -> CutlassLibrary:
-        self.require_available()
+        """The loaded library (availability is checked once, when it is first loaded)."""
         if self._library is None:
+            self.require_available()
             self._library = CutlassLibrary(fp8_library(), "fp8")
         return self._library
 
@@ -160,13 +166,6 @@ class ScaledMmFp8Kernel(Kernel):
         M, K = a_q.shape
         N = w_q.shape[0]
         scale_a, scale_b = self._scales(s_a, s_w, M, N)
-        if bias is not None:
-            # torch._scaled_mm takes the bias in the output dtype; the conversion must be exact.
-            b = bias.to(out_dtype)
-            if not torch.equal(b.to(torch.float32), bias.to(torch.float32)):
-                raise InputError(f"kernel {self.name!r}: the {bias.dtype} bias is not exactly representable in "
-                                 f"{out_dtype}, which torch._scaled_mm requires")
-            bias = b
         # torch._scaled_mm needs K and N multiples of 16: zero K columns and zero weight rows
         # (scale 1, bias 0) whose output columns are dropped — exact, as for the CUTLASS kernels.
         pad_k, pad_n = -K % 16, -N % 16
@@ -175,16 +174,19 @@ class ScaledMmFp8Kernel(Kernel):
             a = F.pad(a.view(torch.uint8), (0, pad_k)).view(FP8)  # the zero byte is +0.0 in e4m3
         if pad_k or pad_n:
             w = F.pad(w.view(torch.uint8), (0, pad_k, 0, pad_n)).view(FP8)
-        if pad_n:
-            if not self.tensorwise:
-                scale_b = F.pad(scale_b, (0, pad_n), value=1.0)
-            if bias is not None:
-                bias = F.pad(bias, (0, pad_n))
-        out = torch._scaled_mm(a, w.t(), scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+        if pad_n and not self.tensorwise:
+            scale_b = F.pad(scale_b, (0, pad_n), value=1.0)
+        # Without a bias: the kernel's own cast. With one: its fp32 result, then a separate
+        # fp32 add and a round-to-nearest-even cast (see the module docstring for why).
+        out = torch._scaled_mm(a, w.t(), scale_a=scale_a, scale_b=scale_b,
+                               out_dtype=out_dtype if bias is None else torch.float32,
                                use_fast_accum=self.use_fast_accum)
+        out = out[:, :N] if pad_n else out
+        if bias is not None:
+            out = (out + bias.to(torch.float32).reshape(1, N)).to(out_dtype)
         self.last_run = {"op": "scaled_mm", "scaling": "tensorwise" if self.tensorwise else "rowwise",
-                         "pad_k": pad_k, "pad_n": pad_n}
-        return out[:, :N] if pad_n else out
+                         "pad_k": pad_k, "pad_n": pad_n, "bias": "separate fp32 add" if bias is not None else None}
+        return out
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import torch
 
@@ -59,7 +60,7 @@ class OperandRecorder:
         self._counts[layer.name] = n + 1
         self.calls.append(CapturedCall(layer.name, n, a_q.detach().clone(), s_a.detach().clone()))
 
-    def __enter__(self) -> OperandRecorder:
+    def __enter__(self) -> Self:
         if not self.lm.quantized:
             raise ValueError("capture needs a W8A8 model: a dense model has no quantized Linears")
         for lin in self.lm.linears():
@@ -105,7 +106,10 @@ def tile_file_name(index: int, tile: Tile) -> str:
 
 
 def write_tiles(folder: Path, tiles: list[Tile]) -> list[str]:
-    """Write validated tiles into the (staging) `folder`; returns the file names in order."""
+    """Write validated tiles into the (staging) `folder`; returns the file names in order.
+
+    `tile_bytes` is canonical, so the same operands give the same tile digests on every run.
+    """
     names = []
     for i, tile in enumerate(tiles):
         tile.validate()
@@ -124,13 +128,19 @@ class CaptureResult:
     tokens: int
 
 
-def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str | Path, *, tokens: int = 512,
+def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str | Path, *, tokens: int | None = None,
                       window: int = 0, kernel: str = "torch-cpu", device: str | None = None) -> CaptureResult:
-    """Run one prefill of `tokens` tokens of prompt window `window` and write every quantized
-    Linear's operands as tiles, with a `capture` manifest, to `out` (atomically)."""
+    """Run one prefill of the first `tokens` tokens (default: all) of prompt window `window` and
+    write every quantized Linear's operands as tiles, with a `capture` manifest, to `out` (atomically)."""
     from alibi import atomic
     from alibi.errors import InputError
-    from alibi.governance.manifest import build_predicate, digest_set, resource, treatment_of, write_manifest
+    from alibi.governance.manifest import (
+        build_predicate,
+        digest_set,
+        resource,
+        treatment_of,
+        write_manifest,
+    )
     from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
     from alibi.model.prompts import load_prompt_set, require_tokenizer_match
     from alibi.model.runner import load_model
@@ -140,6 +150,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     prompts = load_prompt_set(prompts_dir)
     if not 0 <= window < prompts.windows:
         raise InputError(f"--window {window} is out of range: {prompts_dir} has windows 0..{prompts.windows - 1}")
+    tokens = prompts.tokens if tokens is None else tokens
     if not 1 <= tokens <= prompts.tokens:
         raise InputError(f"--tokens {tokens} is out of range: {prompts_dir} has {prompts.tokens} tokens per window")
     checkpoint = verified_checkpoint(model_dir)

@@ -19,7 +19,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from alibi.errors import InputError
-from alibi.model.digests import combined_sha256, file_sha256, json_sha256, tensors_sha256
+from alibi.model.digests import (
+    combined_sha256,
+    file_sha256,
+    json_sha256,
+    tensors_sha256,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -86,7 +91,7 @@ def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
             raise InputError(f"{path}: not a readable safetensors file ({exc}); restore it from its source") from exc
         dup = tensors.keys() & part.keys()
         if dup:
-            raise InputError(f"{path}: tensor {sorted(dup)[0]!r} also appears in another shard; the checkpoint is malformed")
+            raise InputError(f"{path}: tensor {min(dup)!r} also appears in another shard; the checkpoint is malformed")
         tensors.update(part)
     return tensors
 

@@ -158,11 +158,11 @@ class QuantizedLinear:
     bias: torch.Tensor | None = None
 
     @property
-    def N(self) -> int:  # noqa: N802 - GEMM dimension names
+    def N(self) -> int:
         return self.weight.shape[0]
 
     @property
-    def K(self) -> int:  # noqa: N802
+    def K(self) -> int:
         return self.weight.shape[1]
 
     def replace(self, **changes) -> QuantizedLinear:
@@ -183,7 +183,7 @@ class W8A8Checkpoint:
     """A compressed-tensors W8A8 checkpoint in memory.
 
     config: the whole `config.json` (with its quantization_config); scheme: the parsed scheme;
-    linears: the quantized modules by name, in checkpoint order; dense: every other tensor as
+    linears: the quantized modules by name, in natural name order (layer 2 before layer 10); dense: every other tensor as
     stored (embeddings, norms, lm_head, ...).
     """
 
@@ -210,6 +210,11 @@ class W8A8Checkpoint:
         return dataclasses.replace(self, linears={**self.linears, **linears})
 
 
+def natural_key(name: str) -> tuple:
+    """Sort key that orders `layers.10` after `layers.9` (numbers compared as numbers)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
 def parse_w8a8(config: Mapping, tensors: Mapping[str, torch.Tensor], source: str) -> W8A8Checkpoint:
     """Validate `tensors` against the W8A8 layout and split them into quantized modules and the rest."""
     scheme = W8A8Scheme.from_config(config, f"{source}/{CONFIG_FILE}")
@@ -220,7 +225,7 @@ def parse_w8a8(config: Mapping, tensors: Mapping[str, torch.Tensor], source: str
             raise InputError(f"{source}: tensor {key!r} belongs to a scheme this toolkit does not run "
                              "(zero points, static activation scales, packed or grouped weights); "
                              "only symmetric W8A8 int-quantized checkpoints are supported")
-    modules = [k[: -len(SCALE_SUFFIX)] for k in tensors if k.endswith(SCALE_SUFFIX)]
+    modules = sorted((k[: -len(SCALE_SUFFIX)] for k in tensors if k.endswith(SCALE_SUFFIX)), key=natural_key)
     if not modules:
         raise InputError(f"{source}: quantization_config says W8A8 but no tensor ends in '{SCALE_SUFFIX}'; "
                          "the checkpoint is malformed (were the weights saved uncompressed?)")
@@ -296,7 +301,8 @@ def quantize_dense(
     """
     linears: dict[str, QuantizedLinear] = {}
     dense: dict[str, torch.Tensor] = {}
-    for key, t in tensors.items():
+    for key in sorted(tensors, key=natural_key):
+        t = tensors[key]
         if is_target(key):
             name = key.removesuffix(".weight")
             q, s = quantize_weight_per_channel(t, scale_dtype=scale_dtype)
@@ -309,3 +315,26 @@ def quantize_dense(
     new_config = copy.deepcopy(dict(config))
     new_config["quantization_config"] = scheme.to_quantization_config()
     return W8A8Checkpoint(config=new_config, scheme=scheme, linears=linears, dense=dense)
+
+
+def side_files(folder: str | Path) -> dict[str, bytes]:
+    """{name: bytes} of the files in `folder` that are neither config, weights nor manifest
+    (tokenizer, generation config, chat template, licence, ...), to carry over unchanged."""
+    from alibi.model.checkpoint import INDEX_FILE, MANIFEST_FILE, weight_files
+
+    folder = Path(folder)
+    skip = {CONFIG_FILE, INDEX_FILE, MANIFEST_FILE} | {p.name for p in weight_files(folder)}
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.is_file() and p.name not in skip and not p.name.startswith(".")}
+
+
+def write_w8a8(ckpt: W8A8Checkpoint, folder: str | Path, copy_from: str | Path | None = None) -> None:
+    """Write `ckpt` into the (staging) `folder`: config.json, one model.safetensors, and — with
+    `copy_from` — every side file of that checkpoint byte for byte (see `side_files`).
+
+    Dense tensors are written with their stored dtype and bits; scales in each module's
+    `scale_dtype` (ValueError if a scale is not representable there).
+    """
+    from alibi.model.checkpoint import write_checkpoint
+
+    write_checkpoint(folder, ckpt.config, ckpt.tensors(), side_files(copy_from) if copy_from else None)

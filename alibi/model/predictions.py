@@ -16,7 +16,12 @@ from pathlib import Path
 from alibi import atomic
 from alibi.emulator import FP32_EXACT_LIMIT, predict_tile
 from alibi.errors import InputError
-from alibi.governance.manifest import MANIFEST_NAME, digest_tree, read_manifest, sha256_file
+from alibi.governance.manifest import (
+    MANIFEST_NAME,
+    digest_tree,
+    read_manifest,
+    sha256_file,
+)
 from alibi.model.digests import json_sha256
 from alibi.tile import load_tile
 

@@ -19,10 +19,20 @@ from pathlib import Path
 import torch
 
 from alibi import atomic
-from alibi.governance.manifest import build_predicate, digest_set, resource, write_manifest
+from alibi.governance.manifest import (
+    build_predicate,
+    digest_set,
+    resource,
+    write_manifest,
+)
 from alibi.model.checkpoint import checkpoint_digests, write_checkpoint
 from alibi.model.compressed_tensors import SCALE_DTYPES, quantize_dense
-from alibi.model.gguf_source import dense_state_dict, gguf_provenance, llama_config, open_source
+from alibi.model.gguf_source import (
+    dense_state_dict,
+    gguf_provenance,
+    llama_config,
+    open_source,
+)
 from alibi.model.tokenizer import tokenizer_files_from_gguf
 from alibi.numerics import dtype_name
 

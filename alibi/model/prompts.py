@@ -14,7 +14,7 @@ windows of T tokens, and N of them are taken at evenly spaced indices (`i·n_win
 the windows cover the source from start to end and the choice depends on nothing but N, T and
 the text. A set is a folder:
 
-    tokens.safetensors   `input_ids` int32 [N,T] (+ string metadata)
+    tokens.safetensors   `input_ids` int32 [N,T]
     windows.jsonl        per window: index, first token's offset in the stream, decoded text
     ATTRIBUTION.md       source, licence and attribution
     manifest.json        alibi manifest (kind `prompts`): source digests, tokenizer digest, N, T
@@ -37,7 +37,13 @@ from safetensors.torch import load_file, save_file
 
 from alibi import atomic
 from alibi.errors import InputError
-from alibi.governance.manifest import build_predicate, digest_set, digest_tree, read_manifest, write_manifest
+from alibi.governance.manifest import (
+    build_predicate,
+    digest_set,
+    digest_tree,
+    read_manifest,
+    write_manifest,
+)
 from alibi.model.checkpoint import tokenizer_digest
 from alibi.model.digests import bytes_sha256, tensors_sha256
 from alibi.model.wikitext import CLEANER_VERSION, articles, corpus_text
@@ -201,8 +207,8 @@ def build_prompt_set(source: SourceText, tokenizer_dir: str | Path, out: str | P
     ids = torch.tensor([stream[s : s + tokens] for s in starts], dtype=torch.int32)
     tok_digest = tokenizer_digest(tokenizer_dir)
     with atomic.staged_dir(out) as stage:
-        save_file({"input_ids": ids}, str(stage / TOKENS_FILE),
-                  metadata={"windows": str(windows), "tokens": str(tokens), "tokenizer_sha256": tok_digest})
+        # no safetensors metadata: its order is not deterministic; the manifest records N, T, tokenizer
+        save_file({"input_ids": ids}, str(stage / TOKENS_FILE))
         lines = [json.dumps({"window": i, "start_token": s, "text": tok.decode(ids[i].tolist(), skip_special_tokens=False)},
                             ensure_ascii=False) for i, s in enumerate(starts)]
         (stage / WINDOWS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -100,15 +100,17 @@ class LoadedModel:
     def greedy(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
         """Greedy continuation of one prompt [T] → the `new_tokens` chosen ids (prefill, then
         one decode step per token with the KV cache, so decode GEMMs have M = 1)."""
+        if new_tokens < 1:
+            raise ValueError(f"new_tokens must be positive, got {new_tokens}")
         ids = input_ids.reshape(1, -1).to(self.device)
         out = self.model(input_ids=ids, use_cache=True)
-        past, chosen = out.past_key_values, []
-        for _ in range(new_tokens):
+        chosen: list[int] = []
+        while True:
             nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
             chosen.append(int(nxt))
-            out = self.model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-        return torch.tensor(chosen, dtype=torch.long)
+            if len(chosen) == new_tokens:
+                return torch.tensor(chosen, dtype=torch.long)
+            out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
 
 
 def _require_transformers():

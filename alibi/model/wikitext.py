@@ -22,23 +22,23 @@ from dataclasses import dataclass
 
 CLEANER_VERSION = 1
 
-_COMMENT = re.compile(r"<!--.*?-->", re.S)
-_REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S | re.I)
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.DOTALL | re.IGNORECASE)
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
-_TABLE = re.compile(r"\{\|(?:(?!\{\|)(?!\|\}).)*\|\}", re.S)
+_TABLE = re.compile(r"\{\|(?:(?!\{\|)(?!\|\}).)*\|\}", re.DOTALL)
 _LINK = re.compile(r"\[\[([^\[\]]*)\]\]")
 _EXTERNAL = re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]")
 _BARE_URL = re.compile(r"(?:https?|ftp)://\S+")
 _QUOTES = re.compile(r"'{2,}")
 _TAG = re.compile(r"</?[a-zA-Z][^>]*>")
-_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$", re.M)
-_LIST = re.compile(r"^[*#:;]+\s*", re.M)
+_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$", re.MULTILINE)
+_LIST = re.compile(r"^[*#:;]+\s*", re.MULTILINE)
 _BLANKS = re.compile(r"\n\s*\n+")
 _SPACES = re.compile(r"[ \t]+")
 _DROP_LINK = re.compile(r"^\s*(?:file|image|category|media|wikipedia|wp|help|template|portal|wikt|[a-z]{2,3}(?:-[a-z]+)?):",
-                        re.I)
+                        re.IGNORECASE)
 _TRAILING = re.compile(r"^=+\s*(?:see also|references|external links|further reading|notes|bibliography|"
-                       r"sources|footnotes|citations)\s*=+\s*$", re.M | re.I)
+                       r"sources|footnotes|citations)\s*=+\s*$", re.MULTILINE | re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -161,3 +161,10 @@ def test_require_locked_fails_closed_on_an_unlocked_protocol(tmp_path):
 def test_init_refuses_a_folder_that_holds_anything(locked):
     with pytest.raises(InputError, match="already exists and is not empty"):
         prereg.init(locked)
+
+
+def test_every_locked_protocol_in_the_repository_verifies():
+    root = Path(__file__).resolve().parents[2] / "prereg"
+    locked = [p for p in sorted(root.glob("*/")) if (p / prereg.LOCK_NAME).exists()] if root.is_dir() else []
+    for folder in locked:
+        assert prereg.verify(folder) == [], f"{folder} was changed without an amendment"
