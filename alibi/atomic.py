@@ -26,8 +26,14 @@ def _prepare_parent(path: Path) -> None:
         raise InputError(f"{path.parent}: not writable; choose a writable output location")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to `path` atomically."""
+    """Write `data` to `path` atomically, with the permissions a plain `open()` would give (0666 & ~umask)."""
     path = Path(path)
     _prepare_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
@@ -36,6 +42,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

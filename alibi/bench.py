@@ -47,9 +47,9 @@ class Case:
     """One GEMM shape in one operand format ("int8" or "fp8_e4m3")."""
 
     fmt: str
-    M: int  # noqa: N815 - GEMM dimension names
-    N: int  # noqa: N815
-    K: int  # noqa: N815
+    M: int
+    N: int
+    K: int
 
     @property
     def ops(self) -> int:
@@ -67,9 +67,9 @@ class Measurement:
 
     kernel: str
     fmt: str
-    M: int  # noqa: N815
-    N: int  # noqa: N815
-    K: int  # noqa: N815
+    M: int
+    N: int
+    K: int
     status: str  # "ok" | "unavailable" | "error"
     reason: str = ""
     ms: float | None = None        # the time TOPS and ratios use (graph_ms if captured, else eager_ms)
@@ -131,7 +131,7 @@ def _measure(name: str, case: Case, ops: dict[str, torch.Tensor], rep_ms: int) -
     if name == INT_MM:
         from alibi.kernels.cublas import int_mm_padded
 
-        fn: Callable[[], Any] = lambda: int_mm_padded(ops["a_q"], ops["w_q"])  # noqa: E731
+        fn: Callable[[], Any] = lambda: int_mm_padded(ops["a_q"], ops["w_q"])
         detail: dict[str, Any] = {"what": "torch._int_mm accumulator only (rows padded to 17 when M <= 16)"}
     else:
         kernel = get_kernel(name)
@@ -140,7 +140,7 @@ def _measure(name: str, case: Case, ops: dict[str, torch.Tensor], rep_ms: int) -
             return Measurement(**base, status="unavailable", reason=reason)
         if case.fmt not in kernel.formats:
             return Measurement(**base, status="unavailable", reason=f"handles {kernel.formats}, not {case.fmt}")
-        fn = lambda: kernel.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], None, torch.bfloat16)  # noqa: E731
+        fn = lambda: kernel.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], None, torch.bfloat16)
         detail = {}
     try:
         fn()  # first call: may compile (nvcc, Triton); not timed
@@ -192,7 +192,7 @@ def environment() -> dict[str, Any]:
                    sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=False)
         if smi.returncode == 0:
             driver, clock, power = (x.strip() for x in smi.stdout.splitlines()[0].split(","))
             env.update(driver=driver, max_sm_clock=clock, power_limit=power)
@@ -243,8 +243,9 @@ def write_report(report: dict[str, Any], path: str | Path) -> Path:
 
 def format_table(report: dict[str, Any]) -> str:
     """A plain-text table: one line per kernel and shape, with TOPS, ratios and both timings."""
-    lines = [f"{'fmt':8s} {'M':>5s} {'N':>5s} {'K':>5s}  {'kernel':22s} {'TOPS':>8s}  "
-             f"{'/int_mm':>7s} {'/cublas':>7s} {'/cublaslt-fp8':>13s}  {'graph µs':>9s} {'eager µs':>9s}  note"]
+    header = (f"{'fmt':8s} {'M':>5s} {'N':>5s} {'K':>5s}  {'kernel':22s} {'TOPS':>8s}  "
+              f"{'/int_mm':>7s} {'/cublas':>7s} {'/cublaslt-fp8':>13s}  {'graph µs':>9s} {'eager µs':>9s}  note")
+    lines = [header]
     for r in report["results"]:
         tops = f"{r['tops']:8.1f}" if r["tops"] is not None else f"{'-':>8s}"
         ratio = [f"{r['ratios'][b]:.2f}" if b in r["ratios"] else "-" for b in (INT_MM, "cublas", "cublaslt-fp8")]

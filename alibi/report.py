@@ -47,7 +47,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 def to_markdown(report: dict[str, Any]) -> str:
     a, b = report["kernel_a"], report["kernel_b"]
     out = [f"# Conformance report: `{a['name']}` vs `{b['name']}`", "",
-           f"**Verdict: {report['verdict']}** ({report['equivalence']}). Created {report['created_at']}.", "",
+           f"**Verdict: {report['verdict']}** ({report['equivalence']})."
+           + (f" Created {report['created_at']}." if report.get("created_at") else ""), "",
            f"- arm a: `{a['name']}`, declared epilogue `{a['epilogue_model']}`, runs as: {a['how']}",
            f"- arm b: `{b['name']}`, declared epilogue `{b['epilogue_model']}`, runs as: {b['how']}",
            f"- pair chosen: {report['selection']}",

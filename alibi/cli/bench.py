@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 
 from alibi import atomic
-from alibi.bench import FP8_KERNELS, INT8_KERNELS, Case, default_cases, format_table, run_bench, write_report
+from alibi.bench import (
+    FP8_KERNELS,
+    INT8_KERNELS,
+    Case,
+    default_cases,
+    format_table,
+    run_bench,
+    write_report,
+)
 from alibi.errors import InputError
 
 

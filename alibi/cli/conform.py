@@ -9,6 +9,7 @@ from pathlib import Path
 from alibi import atomic
 from alibi.conform import choose_pair, conform, exit_code, progress_printer, validate_regimes
 from alibi.errors import InputError
+from alibi.governance import build_predicate, resource, treatment_of, write_manifest
 from alibi.report import summary_lines, write_reports
 from alibi.synthetic import DEFAULT_PRESET, PRESETS, synthetic_tiles
 from alibi.tile import load_tile_dir
@@ -58,7 +59,14 @@ def run(args: argparse.Namespace) -> int:
     report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
                      ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
                      progress=None if args.quiet else progress_printer())
-    write_reports(report, args.out)
+    written = write_reports(report, args.out)
+    inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
+    predicate = build_predicate(inputs=inputs, seed=report["seed"],
+                                arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
+                                parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
+                                            "invariance": not args.no_invariance},
+                                created_at=report["created_at"])
+    write_manifest(args.out, "report", predicate, files=written)
     print("\n".join(summary_lines(report)))
-    print(f"  report: {args.out}/report.json, report.md, junit.xml")
+    print(f"  report: {args.out}/report.json, report.md, junit.xml, manifest.json")
     return exit_code(report, strict=args.strict)

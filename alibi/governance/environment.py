@@ -10,6 +10,7 @@ on that).
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import re
 import shutil
@@ -26,12 +27,15 @@ _GIT_TIMEOUT_S = 5
 @dataclass(frozen=True)
 class Toolkit:
     """This package: `version` (alibi.__version__), `git_commit` (HEAD of the source checkout it runs
-    from, None outside one), `git_dirty` (tracked files differ from HEAD; None when unknown)."""
+    from, None outside one), `git_dirty` (tracked files differ from HEAD; None when unknown), and
+    `source_digest` (`{"sha256"}` over the package's own files: identifies the code that ran even
+    in a dirty tree or a copy without git history)."""
 
     name: str
     version: str
     git_commit: str | None
     git_dirty: bool | None
+    source_digest: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,17 @@ def toolkit() -> Toolkit:
         commit = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
         dirty = None if status is None or commit is None else bool(status)
-    return Toolkit("integer-alibi", alibi.__version__, commit or None, dirty)
+    return Toolkit("integer-alibi", alibi.__version__, commit or None, dirty, {"sha256": _source_sha256()})
+
+
+def _source_sha256() -> str:
+    """sha256 of the `sha256sum`-style listing of the package's .py files and kernel sources."""
+    package = Path(alibi.__file__).resolve().parent
+    files = sorted(p for p in package.rglob("*") if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp")
+                   and "__pycache__" not in p.parts)
+    listing = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(package).as_posix()}\n"
+                      for p in files)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
 
 
 def _version(module: str) -> str | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 from alibi.emulator import EpilogueModel
 from alibi.errors import InputError

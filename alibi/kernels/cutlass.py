@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812 - torch convention
+import torch.nn.functional as F
 
 from alibi.emulator import VLLM_CUTLASS
 from alibi.errors import InputError, KernelUnavailable
@@ -115,7 +115,7 @@ def pad_operands(a: torch.Tensor, w: torch.Tensor, s_w: torch.Tensor | None, bia
     Float8 tensors are padded through a uint8 view (F.pad has no float8 kernels); the zero byte
     is +0.0 in e4m3.
     """
-    M, K = a.shape
+    K = a.shape[1]
     N = w.shape[0]
     pad_k, pad_n = -K % K_MULTIPLE, -N % N_MULTIPLE
 

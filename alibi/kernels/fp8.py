@@ -41,13 +41,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 from alibi.emulator import EpilogueModel
 from alibi.errors import InputError
 from alibi.kernels import nvcc
 from alibi.kernels.base import Kernel
-from alibi.kernels.cutlass import OUT_KIND, CutlassLibrary, check_operands, device_arch, scale_vector, toolchain_reason
+from alibi.kernels.cutlass import (
+    OUT_KIND,
+    CutlassLibrary,
+    check_operands,
+    device_arch,
+    scale_vector,
+    toolchain_reason,
+)
 
 FP8 = torch.float8_e4m3fn
 FP8_SM90_SOURCES = ("sm90_fp8_api.cu", "sm90_fp8_bf16.cu", "sm90_fp8_f16.cu", "sm90_fp8_acc.cu")

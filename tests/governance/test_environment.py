@@ -23,6 +23,7 @@ def test_the_toolkit_record_names_this_package_and_its_version():
     record = env.toolkit_record()
     assert record["name"] == "integer-alibi" and record["version"] == alibi.__version__
     assert record["git_commit"] is None or len(record["git_commit"]) == 40
+    assert len(record["source_digest"]["sha256"]) == 64
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

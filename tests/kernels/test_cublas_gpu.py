@@ -78,3 +78,21 @@ def test_cublas_all_minus_128_operands_at_k_32768_accumulate_exactly(kernel):
     acc = kernel.accumulator(a.cuda(), w.cuda()).cpu()
     assert torch.equal(acc.to(torch.int64), exact_accumulator(a, w))
     assert int(acc.max()) == 2**29
+
+
+@pytest.mark.parametrize("preset", ["epilogue-probe", "epilogue-probe-bias"])
+def test_cublas_matches_its_declared_model_and_no_other_on_the_epilogue_probe(kernel, preset):
+    from alibi.emulator import BIAS_MODES, ORDERS
+    from alibi.synthetic import synthetic_tiles
+
+    tile = synthetic_tiles(preset)[0]
+    out = kernel.scaled_mm(tile.a_q.cuda(), tile.s_a.cuda(), tile.w_q.cuda(), tile.s_w.cuda(),
+                           None if tile.bias is None else tile.bias.cuda(), tile.out_dtype).cpu()
+    acc = exact_accumulator(tile.a_q, tile.w_q)
+    modes = BIAS_MODES if tile.bias is not None else ("fma",)
+    matches = [m for m in (EpilogueModel(o, b) for o in ORDERS for b in modes)
+               if torch.equal(_bits(apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)), _bits(out))]
+    if tile.bias is None:
+        assert [m.order for m in matches] == ["w_then_a"]
+    else:
+        assert matches == [kernel.epilogue]

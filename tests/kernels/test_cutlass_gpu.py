@@ -162,3 +162,25 @@ def test_cutlass_rejects_non_int8_operands():
     x = torch.zeros(4, 16, device="cuda")
     with pytest.raises(InputError, match="int8"):
         CutlassInt8Kernel().scaled_mm(x, x[:, 0], x, x[:, 0])
+
+
+def _models_matching(out, acc, tile):
+    from alibi.emulator import BIAS_MODES, ORDERS
+
+    modes = BIAS_MODES if tile.bias is not None else ("fma",)
+    return [m.name for m in (EpilogueModel(o, b) for o in ORDERS for b in modes)
+            if torch.equal(_bits(apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)), _bits(out))]
+
+
+@pytest.mark.parametrize("path", ["sm90", "sm80"])
+@pytest.mark.parametrize("preset", ["epilogue-probe", "epilogue-probe-bias"])
+def test_cutlass_matches_w_then_a_fma_and_no_other_model_on_the_epilogue_probe(path, preset):
+    """The probe tile's scales (and bias) are built so every known epilogue model gives other bits."""
+    from alibi.synthetic import synthetic_tiles
+
+    kernel = _kernel(path)
+    tile = synthetic_tiles(preset)[0]
+    out = kernel.scaled_mm(tile.a_q.cuda(), tile.s_a.cuda(), tile.w_q.cuda(), tile.s_w.cuda(),
+                           None if tile.bias is None else tile.bias.cuda(), tile.out_dtype).cpu()
+    matches = _models_matching(out, exact_accumulator(tile.a_q, tile.w_q), tile)
+    assert matches == ["w_then_a+fma"], matches
