@@ -60,7 +60,7 @@ def overhead(args: argparse.Namespace) -> int:
     doc = {**asdict(result), "kernel": lm.kernel.name, "device": str(lm.device), "environment": environment_record()}
     print(f"forward M={result.tokens} with {lm.kernel.name}: {result.plain_s:.3f}s plain, {result.capture_s:.3f}s "
           f"with capture (ratio {result.ratio:.3f}), {result.capture_tiles_s:.3f}s incl. CPU tiles "
-          f"(ratio {result.ratio_with_tiles:.3f}); median of {result.repeats}")
+          f"(ratio {result.ratio_with_tiles:.3f}); CPU time ratio {result.cpu_ratio:.3f}; median of {result.repeats}")
     if args.out:
         atomic.write_text(args.out, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return 0

@@ -25,12 +25,13 @@ contraction can occur) except three conversions, handled as follows:
   therefore never uses `.to(tl.bfloat16)`: it rounds with integer bit arithmetic,
   `(u + 0x7FFF + ((u >> 16) & 1)) >> 16` on the fp32 bit pattern `u`, which both back ends
   execute identically, and stores the 16-bit pattern; the host views it as bfloat16.
-* fp32 → float16: the interpreter converts with numpy's `astype`, which rounds to nearest even
-  (checked on 10⁶ random fp32 patterns plus ties, subnormals and overflow), like the GPU's
-  `cvt.rn.f16.f32`. The native cast is kept.
-* the bias bfloat16 → fp32: the interpreter's converter mangles bfloat16 subnormals (values come
-  out scaled wrongly), so the host widens the bias to fp32 before the launch. That widening is
-  exact for bfloat16, float16 and float32 biases, so it changes no value.
+* fp32 → float16: the interpreter converts with numpy's `astype`, which rounds to nearest even,
+  like the GPU's `cvt.rn.f16.f32`, so the native cast is kept (the tests compare it with torch on
+  random patterns, ties, subnormals and overflow, on whichever back end runs them).
+* the bias bfloat16 → fp32: the interpreter's bit-level converter gets bfloat16 subnormals wrong
+  (triton 3.9), so the host widens the bias to fp32 before the launch. That widening is exact for
+  bfloat16, float16 and float32 biases, so it changes no value. Inside the kernel the output is
+  widened back to fp32 for the bias add by a 16-bit shift, exact on both back ends.
 
 NaN patterns are not part of the claim: an output NaN (only reachable with a non-finite bias) is
 kept quiet with its sign, whereas torch's CPU cast and the GPU's `cvt` each use their own NaN.
@@ -45,8 +46,8 @@ and cannot be called from an interpreted kernel. The kernels here therefore use 
 (`tl.full`, integer `//`), and work however the process imported triton.
 
 `mutant:truncate-cast:triton` is the same kernel with every fp32 → output conversion rounding
-toward zero (what a plain `.to(tl.bfloat16)` computes under the interpreter). It still declares
-`a_then_w + add_after_cast`, so the epilogue-model conformance check must catch it: its outputs
+toward zero (for bfloat16, what a plain `.to(tl.bfloat16)` computes under the interpreter). It declares
+`a_then_w + add_after_cast` all the same, so the epilogue-model conformance check must catch it: its outputs
 differ from the model by one ulp on some elements (without a bias, never by more).
 """
 

@@ -178,15 +178,22 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
 
 @dataclass(frozen=True)
 class Overhead:
-    """Capture overhead: median seconds of a forward without capture (`plain_s`), with the
-    recorder active (`capture_s`), and with the recorder plus building CPU tiles (`capture_tiles_s`),
-    and the two ratios to `plain_s`; `repeats` timed runs of each, interleaved, after one warm-up."""
+    """Capture overhead, medians over `repeats` interleaved timed runs after one warm-up each.
+
+    plain_s / capture_s / capture_tiles_s: wall seconds of a forward without capture, with the
+    recorder active, and with the recorder plus building CPU tiles; ratio / ratio_with_tiles:
+    those over plain_s. cpu_*: the same in process CPU seconds (all threads), which a machine
+    shared with other jobs distorts less than wall time; tokens: M of the forward.
+    """
 
     plain_s: float
     capture_s: float
     capture_tiles_s: float
     ratio: float
     ratio_with_tiles: float
+    cpu_plain_s: float
+    cpu_capture_s: float
+    cpu_ratio: float
     repeats: int
     tokens: int
 
@@ -209,17 +216,20 @@ def capture_overhead(lm: LoadedModel, input_ids: torch.Tensor, repeats: int = 5)
         if with_tiles:
             rec.tiles()
 
-    runs = {"plain": [], "capture": [], "tiles": []}
     fns = {"plain": plain, "capture": lambda: captured(False), "tiles": lambda: captured(True)}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         fn()
     for _ in range(repeats):
         for key, fn in fns.items():
             sync()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
             sync()
-            runs[key].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    return Overhead(med["plain"], med["capture"], med["tiles"], med["capture"] / med["plain"],
-                    med["tiles"] / med["plain"], repeats, int(input_ids.shape[-1]))
+            wall[key].append(time.perf_counter() - t)
+            cpu[key].append(time.process_time() - c)
+    w = {k: statistics.median(v) for k, v in wall.items()}
+    c = {k: statistics.median(v) for k, v in cpu.items()}
+    return Overhead(w["plain"], w["capture"], w["tiles"], w["capture"] / w["plain"], w["tiles"] / w["plain"],
+                    c["plain"], c["capture"], c["capture"] / c["plain"], repeats, int(input_ids.shape[-1]))

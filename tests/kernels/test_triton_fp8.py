@@ -84,7 +84,8 @@ def test_triton_fp8_refuses_int8_operands(fp8_kernel):
 def test_fp8_output_equals_the_model_applied_to_its_own_accumulator_bit_for_bit(fp8_kernel, M, K, N, per_tensor,
                                                                                bias_dtype, out_dtype):
     a, s_a, w, s_w = _operands(M, K, N, seed=M + K, per_tensor=per_tensor)
-    bias = None if bias_dtype is None else (torch.randn(N, generator=torch.Generator().manual_seed(N)) * 4).to(bias_dtype)
+    g = torch.Generator().manual_seed(N)
+    bias = None if bias_dtype is None else (torch.randn(N, generator=g) * 4).to(bias_dtype)
     acc = fp8_kernel.accumulator(*_on(fp8_kernel, a, w)).cpu()
     out = fp8_kernel.scaled_mm(*_on(fp8_kernel, a, s_a, w, s_w, bias), out_dtype).cpu()
     assert acc.dtype == torch.float32 and out.dtype == out_dtype
@@ -159,4 +160,5 @@ def test_gpu_fp8_output_equals_the_model_of_its_own_accumulator_and_its_error_is
         for b in (None, bias):
             out = fp8_kernel.scaled_mm(a, s_a, w, s_w, b, out_dtype).cpu()
             ref = apply_epilogue(VLLM_TRITON, acc, s_a, s_w, b, out_dtype)
-            assert bitwise_equal(out, ref), f"{out_dtype}, bias={b is not None}: {(bits(out) != bits(ref)).sum()} differ"
+            n_diff = int((bits(out) != bits(ref)).sum())
+            assert bitwise_equal(out, ref), f"{out_dtype}, bias={b is not None}: {n_diff} elements differ"

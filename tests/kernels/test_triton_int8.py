@@ -132,6 +132,43 @@ def test_without_triton_the_kernels_import_and_say_why_they_are_unavailable():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_kernel_compiles_for_sm90_with_tensor_cores_and_no_fma_or_flush_to_zero(tmp_path):
+    """Compile only (no GPU needed): int8 and fp8, bf16 and fp16 output, with a bias, at a Hopper tiling.
+
+    The PTX must use wgmma, contain no `fma.` (nothing may be contracted: the model rounds every
+    product and sum separately) and no `.ftz` (subnormal outputs must survive)."""
+    code = """if True:
+        import re
+        import torch
+        torch.cuda.is_available = lambda: True  # keep the module from choosing the interpreter
+        import triton
+        import triton.language as tl
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from alibi.kernels.triton_int8 import scaled_mm_kernel
+        ints = ("M", "N", "K", "stride_am", "stride_ak", "stride_wn", "stride_wk", "stride_om", "stride_on",
+                "stride_sa", "stride_sw")
+        for operand, acc in (("i8", tl.int32), ("fp8e4nv", tl.float32)):
+            for out_bf16 in (True, False):
+                constexprs = dict(ACC_DTYPE=acc, HAS_BIAS=True, OUT_BF16=out_bf16, TRUNCATE=False, STORE_ACC=False,
+                                  BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8)
+                signature = {"a_ptr": "*" + operand, "w_ptr": "*" + operand, "s_a_ptr": "*fp32", "s_w_ptr": "*fp32",
+                             "bias_ptr": "*fp32", "out_ptr": "*i16", **{p: "i32" for p in ints},
+                             **{k: "constexpr" for k in constexprs}}
+                ptx = triton.compile(ASTSource(fn=scaled_mm_kernel, signature=signature, constexprs=constexprs),
+                                     target=GPUTarget("cuda", 90, 32),
+                                     options={"num_warps": 8, "num_stages": 3}).asm["ptx"]
+                assert "wgmma.mma_async" in ptx, (operand, out_bf16, "no wgmma")
+                assert not re.search(r"\\bfma\\.", ptx), (operand, out_bf16, "an fma")
+                assert ".ftz" not in ptx, (operand, out_bf16, "flush-to-zero")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # really compile, whatever an earlier run cached
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_run_on_a_tile_returns_output_accumulator_and_the_block_config_used(triton_kernel):
     a, s_a, w, s_w = _operands(5, 70, 9, seed=3)
     tile = Tile(name="t", a_q=a, s_a=s_a, w_q=w, s_w=s_w, bias=_bias(9, torch.bfloat16, 3))
@@ -221,12 +258,12 @@ def test_rows_are_identical_at_m_1_4_16_and_inside_a_larger_m(triton_kernel, bia
     a, s_a, w, s_w = _operands(M, K, N, seed=5)
     bias = _bias(N, bias_dtype, seed=5)
     full = _run(triton_kernel, a, s_a, w, s_w, bias)
-    block_ms = {triton_kernel.last_config.block_m}
+    configs = {triton_kernel.last_config}
     for rows in (slice(0, 1), slice(137, 138), slice(50, 54), slice(180, 196), slice(199, 200)):
         part = _run(triton_kernel, a[rows], s_a[rows], w, s_w, bias)
-        block_ms.add(triton_kernel.last_config.block_m)
+        configs.add(triton_kernel.last_config)
         assert bitwise_equal(part, full[rows]), f"rows {rows} differ between M={M} and M={part.shape[0]}"
-    assert len(block_ms) > 1, "the test must compare different tilings"
+    assert len(configs) > 1, "the test must compare different tilings"
 
 
 # --- the positive control -------------------------------------------------------------------------
@@ -332,7 +369,8 @@ def test_gpu_output_and_accumulator_equal_the_model_and_the_exact_reference(trit
         for bias in (None, _bias(N, torch.bfloat16, seed=N, device="cuda")):
             out = triton_kernel.scaled_mm(a, s_a, w, s_w, bias, out_dtype).cpu()
             ref = apply_epilogue(VLLM_TRITON, exact, s_a, s_w, bias, out_dtype)
-            assert bitwise_equal(out, ref), f"{out_dtype}, bias={bias is not None}: {(bits(out) != bits(ref)).sum()} differ"
+            n_diff = int((bits(out) != bits(ref)).sum())
+            assert bitwise_equal(out, ref), f"{out_dtype}, bias={bias is not None}: {n_diff} elements differ"
         truncated = mutant.scaled_mm(a, s_a, w, s_w, None, out_dtype).cpu()
         plain = apply_epilogue(VLLM_TRITON, exact, s_a, s_w, None, out_dtype)
         assert max_ulp_distance(truncated, plain) == 1

@@ -105,12 +105,15 @@ def test_capture_does_not_change_the_logits(tiny_w8a8):
 
 
 @needs_transformers
-def test_swapping_the_kernel_is_the_only_difference_between_two_arms(tiny_w8a8):
+def test_a_kernel_and_the_emulator_of_its_declared_epilogue_give_identical_logits(tiny_w8a8):
     from alibi.model.runner import load_model
 
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(4))
-    a = load_model(tiny_w8a8 / "w8a8", "emulator:a_then_w")
-    b = load_model(tiny_w8a8 / "w8a8", "torch-cpu")  # torch-cpu declares the a_then_w order too
+    from alibi.kernels import get_kernel
+
+    order = get_kernel("torch-cpu").epilogue.order  # the emulator running torch-cpu's declared epilogue
+    a = load_model(tiny_w8a8 / "w8a8", f"emulator:{order}")
+    b = load_model(tiny_w8a8 / "w8a8", "torch-cpu")
     assert {type(lin.kernel) for lin in a.linears()} == {EmulatorKernel}
     assert torch.equal(a.logits(ids), b.logits(ids))
 
@@ -164,3 +167,14 @@ def test_a_qwen3_w8a8_checkpoint_runs_with_its_qk_norms_and_untied_head(tmp_path
     assert torch.equal(lm.model.model.layers[1].self_attn.k_norm.weight, dense["model.layers.1.self_attn.k_norm.weight"])
     logits = lm.logits(torch.arange(12).reshape(1, -1))
     assert logits.shape == (1, 12, TINY_QWEN3["vocab_size"]) and bool(torch.isfinite(logits).all())
+
+
+@needs_transformers
+def test_the_overhead_benchmark_reports_positive_timings_and_ratios(tiny_w8a8):
+    from alibi.model.capture import capture_overhead
+    from alibi.model.runner import load_model
+
+    lm = load_model(tiny_w8a8 / "w8a8", "torch-cpu")
+    result = capture_overhead(lm, torch.arange(16).reshape(1, -1), repeats=2)
+    assert result.tokens == 16 and result.repeats == 2
+    assert min(result.plain_s, result.capture_s, result.capture_tiles_s, result.ratio, result.cpu_ratio) > 0
