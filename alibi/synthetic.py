@@ -29,7 +29,9 @@ QWEN3_1_7B_BLOCK = (("q_proj", 2048, 2048), ("k_proj", 2048, 1024), ("v_proj", 2
 class Preset:
     """A synthetic operand set: `layers` decoder blocks of `block` shapes, `M` tokens per tile.
 
-    bias: give every tile a bf16 bias (exercises the bias modes of the epilogues).
+    bias: give every tile a bf16 bias (exercises the bias modes of the epilogues);
+    probe: append the `epilogue-probe` tile, on which the scale orders disagree often, so that
+      the epilogue-model check can tell models apart even when the layer tiles are too small to.
     """
 
     name: str
@@ -39,11 +41,15 @@ class Preset:
     M: int
     bias: bool = False
     description: str = ""
+    probe: bool = False
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("default", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, probe=True,
+           description="the built-in default: one SmolLM2-135M decoder block (7 tiles, 32 tokens) plus the "
+                       "epilogue-probe tile"),
     Preset("smollm2-135m", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32,
-           description="one decoder block of SmolLM2-135M (7 tiles), 32 tokens: the built-in default"),
+           description="one decoder block of SmolLM2-135M (7 tiles), 32 tokens"),
     Preset("smollm2-135m-bias", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, bias=True,
            description="as smollm2-135m with a bf16 bias on every layer"),
     Preset("smollm2-135m-full", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 30, 512,
@@ -62,7 +68,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                        "bias modes apart"),
 )}
 PROBES = ("epilogue-probe", "epilogue-probe-bias")
-DEFAULT_PRESET = "smollm2-135m"
+DEFAULT_PRESET = "default"
 
 
 def _student_t(gen: torch.Generator, shape: tuple[int, ...], df: int = 4) -> torch.Tensor:
@@ -111,6 +117,9 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
             meta = {"source": f"synthetic:{preset}", "seed": str(seed), "model": p.model,
                     "layer": str(layer), "kind": kind}
             tiles.append(Tile(f"layers.{layer}.{kind}", a_q, s_a, w_q, s_w, bias, torch.bfloat16, meta).validate())
+    if p.probe:
+        probe = PRESETS["epilogue-probe"]
+        tiles.append(_probe_tile(gen, probe.M, probe.block[0][1], probe.block[0][2], False, preset, seed))
     return tiles
 
 
