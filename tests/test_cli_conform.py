@@ -163,3 +163,10 @@ def test_the_console_script_runs_and_prints_a_summary(tmp_path):
                            str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "verdict: PASS" in proc.stdout and "pow2-identity" in proc.stdout
+
+
+def test_a_relative_out_folder_gets_reports_and_a_manifest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--out", "rel/out", "--quiet"]) == 0
+    names = sorted(p.name for p in (tmp_path / "rel" / "out").iterdir())
+    assert names == ["junit.xml", "manifest.json", "report.json", "report.md"]

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                                 parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
                                             "invariance": not args.no_invariance},
                                 created_at=report["created_at"])
-    write_manifest(args.out, "report", predicate, files=written)
+    write_manifest(args.out, "report", predicate, files=[p.name for p in written])
     print("\n".join(summary_lines(report)))
     print(f"  report: {args.out}/report.json, report.md, junit.xml, manifest.json")
     return exit_code(report, strict=args.strict)
