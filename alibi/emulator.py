@@ -78,18 +78,23 @@ EXACT_FP32_CHUNK = FP32_EXACT_LIMIT // 2**14  # 1024 products of magnitude ≤ 2
 
 
 def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
-    """The exact accumulator `a_q @ w_qᵀ` as int64 [M,N] (chunked fp32 GEMMs; see module docstring)."""
+    """The exact accumulator `a_q @ w_qᵀ` as int64 [M,N] (chunked fp32 GEMMs; see module docstring).
+
+    Dtype conversions go through numpy: torch's CPU int8→float and float→int64 casts are not
+    vectorized and cost more than the GEMM itself at these shapes.
+    """
     if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
         raise InputError(f"exact_accumulator needs int8 operands, got {a_q.dtype} and {w_q.dtype}")
-    a, w = a_q.cpu(), w_q.cpu()
+    a, w = a_q.detach().cpu().numpy(), w_q.detach().cpu().numpy()
     if torch.get_float32_matmul_precision() != "highest":
-        return (a.to(torch.float64) @ w.to(torch.float64).T).to(torch.int64)
-    K = a.shape[1]
+        acc64 = torch.from_numpy(a.astype(np.float64)) @ torch.from_numpy(w.astype(np.float64)).T
+        return torch.from_numpy(acc64.numpy().astype(np.int64))
     acc = None
-    for k0 in range(0, K, EXACT_FP32_CHUNK):
-        part = a[:, k0:k0 + EXACT_FP32_CHUNK].to(torch.float32) @ w[:, k0:k0 + EXACT_FP32_CHUNK].to(torch.float32).T
-        acc = part.to(torch.int64) if acc is None else acc.add_(part.to(torch.int64))
-    return acc
+    for k0 in range(0, a.shape[1], EXACT_FP32_CHUNK):
+        part = (torch.from_numpy(a[:, k0:k0 + EXACT_FP32_CHUNK].astype(np.float32))
+                @ torch.from_numpy(w[:, k0:k0 + EXACT_FP32_CHUNK].astype(np.float32)).T).numpy()
+        acc = part.astype(np.int64) if acc is None else np.add(acc, part.astype(np.int64), out=acc)
+    return torch.from_numpy(acc)
 
 
 def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
