@@ -31,6 +31,21 @@ class KernelOutput:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+TORCH_EPILOGUE = EpilogueModel("w_then_a", "add_before_cast")
+
+
+def torch_epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """`TORCH_EPILOGUE` in separate torch fp32 ops on `acc`'s device (each op rounds once, no fusion):
+    RN32(s_w·float(acc)), then RN32(s_a·t), then RN32(y + bias), then the output cast."""
+    M, N = acc.shape
+    y = acc.to(torch.float32) * s_w.to(torch.float32).reshape(1, -1).expand(1, N)
+    y = y * s_a.to(torch.float32).reshape(-1, 1).expand(M, 1)
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(1, N)
+    return y.to(out_dtype)
+
+
 class Kernel:
     """Base class. Subclasses set the class attributes and implement `scaled_mm`."""
 

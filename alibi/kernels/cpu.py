@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
-from alibi.kernels.base import Kernel
+from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
 
 
 class EmulatorKernel(Kernel):
@@ -40,7 +40,7 @@ class TorchCpuKernel(Kernel):
     name = "torch-cpu"
     formats = ("int8",)
     device = "cpu"
-    epilogue = EpilogueModel("w_then_a", "add_before_cast")
+    epilogue = TORCH_EPILOGUE
     description = "torch._int_mm on the CPU + w_then_a epilogue in torch fp32 ops"
 
     def available(self) -> tuple[bool, str]:
@@ -52,8 +52,4 @@ class TorchCpuKernel(Kernel):
         return torch._int_mm(a_q.contiguous(), w_q.T.contiguous())
 
     def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
-        y = self.accumulator(a_q, w_q).to(torch.float32) * s_w.reshape(1, -1)
-        y = y * s_a.reshape(-1, 1)
-        if bias is not None:
-            y = y + bias.to(torch.float32)
-        return y.to(out_dtype)
+        return torch_epilogue(self.accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)

@@ -29,9 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError
-from alibi.kernels.base import Kernel
+from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
 from alibi.kernels.cutlass import check_operands, scale_vector
 
 MIN_M = 17   # torch._int_mm on CUDA requires M > 16
@@ -58,7 +57,7 @@ class CublasInt8Kernel(Kernel):
     name = "cublas"
     formats = ("int8",)
     device = "cuda"
-    epilogue = EpilogueModel("w_then_a", "add_before_cast")
+    epilogue = TORCH_EPILOGUE
     description = "cuBLASLt int8 GEMM (torch._int_mm) + w_then_a epilogue in fp32 torch ops, bias added before the cast"
 
     def __init__(self) -> None:
@@ -87,12 +86,8 @@ class CublasInt8Kernel(Kernel):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
         M, N = a_q.shape[0], w_q.shape[0]
         acc, padding = int_mm_padded(a_q, w_q)
-        y = acc.to(torch.float32) * scale_vector(s_w, N, "s_w").reshape(1, N)  # RN32(s_w · float(acc))
-        y = y * scale_vector(s_a, M, "s_a").reshape(M, 1)                     # RN32(s_a · t)
-        if bias is not None:
-            y = y + bias.to(torch.float32).reshape(1, N)                        # RN32(y + bias)
         self.last_run = {"op": "scaled_mm", **padding}
-        return y.to(out_dtype)
+        return torch_epilogue(acc, scale_vector(s_a, M, "s_a"), scale_vector(s_w, N, "s_w"), bias, out_dtype)
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
