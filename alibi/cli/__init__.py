@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "alibi.cli.capture",
     "alibi.cli.predict",
     "alibi.cli.eval",
+    "alibi.cli.pow2",
 ]
 
 

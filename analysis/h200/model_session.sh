@@ -6,8 +6,11 @@
 #   stage capture (next call):   prepare SmolLM2-135M W8A8, capture it twice with the triton
 #                                runner (repeatability), predict, greedy-generate with every GPU
 #                                kernel, capture overhead, the Triton GPU tests
-#   stage study   (later call):  prepare + capture again, run the locked pre-registered study,
-#                                and the pow2 generation comparison
+#   stage study   (later call):  prepare + capture again, run the locked pre-registered study
+#                                (as run: in the warm machine right after the lock was committed,
+#                                on the capture still in place, with `alibi run` alone)
+#   stage pow2    (later call):  prepare, then analysis/pow2_gpu.sh (issue 6) and the cublas GPU
+#                                tests; everything packed into $OUT/pow2.tgz (a call returns ≤ 8 files)
 #
 # Runs from the repository root with gpu_payload/ carried; results go to $OUT.
 set -u
@@ -52,8 +55,13 @@ if [ "$STAGE" = study ]; then
   stamp "capture rc=$?"
   python -m alibi run experiments/smollm2-layer-verification.yaml --out "$OUT/smollm2-layer-verification" > "$OUT/study.txt" 2>&1
   stamp "study rc=$?"; tail -25 "$OUT/study.txt"
-  if [ -f analysis/pow2_gpu.sh ]; then
-    timeout 300 bash analysis/pow2_gpu.sh "$W/model" "$OUT/pow2" > "$OUT/pow2.txt" 2>&1
-    stamp "pow2 rc=$?"; tail -20 "$OUT/pow2.txt"
-  fi
+fi
+
+if [ "$STAGE" = pow2 ]; then
+  mkdir -p "$OUT/pow2"
+  timeout 300 bash analysis/pow2_gpu.sh "$W/model" "$OUT/pow2" > "$OUT/pow2/pow2.txt" 2>&1
+  stamp "pow2 rc=$?"; tail -25 "$OUT/pow2/pow2.txt"
+  timeout 120 python -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_cublas_gpu.py > "$OUT/pow2/pytest-cublas.txt" 2>&1
+  stamp "cublas tests rc=$?"; tail -3 "$OUT/pow2/pytest-cublas.txt"
+  cp "$OUT/env.txt" "$OUT/pow2/"; tar -C "$OUT" -czf "$OUT/pow2.tgz" pow2 && rm -rf "$OUT/pow2"
 fi
