@@ -71,6 +71,17 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def _normal_permissions(root: Path) -> None:
+    """Give a staged tree the modes plain mkdir/open would (mkdtemp and mkstemp make 0700/0600)."""
+    mask = _umask()
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, 0o777 & ~mask)
+        for name in files:
+            f = Path(folder) / name
+            if not f.is_symlink():
+                os.chmod(f, (0o777 if os.access(f, os.X_OK) else 0o666) & ~mask)
+
+
 @contextlib.contextmanager
 def staged_dir(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield an empty staging folder that replaces `path` only if the block completes.
@@ -86,6 +97,7 @@ def staged_dir(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[P
     stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         yield stage
+        _normal_permissions(stage)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             os.replace(path, old / "x")

@@ -2,7 +2,7 @@
 # The H200 model session: what ran on the GPU for issues 4, 5 and 6, as run there.
 #
 #   stage prep    (first call):  stash the first GGUF part in /tmp/alibi (the file is over the
-#                                64 MiB a call may carry; see ../../README.md "GPU runs")
+#                                64 MiB a call may carry; see README.md, "On a machine without a package index")
 #   stage capture (next call):   prepare SmolLM2-135M W8A8, capture it twice with the triton
 #                                runner (repeatability), predict, greedy-generate with every GPU
 #                                kernel, capture overhead, the Triton GPU tests
