@@ -69,15 +69,18 @@ class Verdict:
                 "evidence": self.evidence}
 
 
-def _fired(check: str, detail: str, **kw: Any) -> Verdict:
+def fired(check: str, detail: str, **kw: Any) -> Verdict:
+    """A verdict for a check that found a violation."""
     return Verdict(check, True, True, detail, **kw)
 
 
-def _passed(check: str, detail: str, **kw: Any) -> Verdict:
+def passed(check: str, detail: str, **kw: Any) -> Verdict:
+    """A verdict for an applicable check that found nothing."""
     return Verdict(check, False, True, detail, **kw)
 
 
-def _inapplicable(check: str, detail: str, **kw: Any) -> Verdict:
+def inapplicable(check: str, detail: str, **kw: Any) -> Verdict:
+    """A verdict for a check whose inputs are missing or whose precondition fails (never a pass)."""
     return Verdict(check, False, False, detail, **kw)
 
 
@@ -103,32 +106,32 @@ def shared_operands(operands_a: dict[str, torch.Tensor | None], operands_b: dict
         if not same:
             differing.append(key)
     if differing:
-        return _fired("shared-operands", f"operands differ between the arms: {', '.join(differing)} "
+        return fired("shared-operands", f"operands differ between the arms: {', '.join(differing)} "
                       "(look at the harness or quantizer, not the kernel)", evidence={"differing": differing})
-    return _passed("shared-operands", "both arms received bitwise-identical operands")
+    return passed("shared-operands", "both arms received bitwise-identical operands")
 
 
 # 2, 3 ----------------------------------------------------------------------------------------
 def int32_no_overflow(pred: Prediction | None, K: int) -> Verdict:
     """Fires when `product_bound·K ≥ 2³¹`: an int32 accumulator may wrap and the alibi does not apply."""
     if pred is None:
-        return _inapplicable("int32-no-overflow", "not an int8 tile: no integer accumulator")
+        return inapplicable("int32-no-overflow", "not an int8 tile: no integer accumulator")
     ev = {"K": K, "product_bound": pred.product_bound, "k_limit": pred.k_limit}
     if not pred.int32_safe:
-        return _fired("int32-no-overflow", f"K={K} exceeds the int32 bound {pred.k_limit} for products up to "
+        return fired("int32-no-overflow", f"K={K} exceeds the int32 bound {pred.k_limit} for products up to "
                       f"{pred.product_bound}: accumulation may wrap, the integer alibi does not apply", evidence=ev)
-    return _passed("int32-no-overflow", f"K={K} ≤ {pred.k_limit}: no int32 accumulator can wrap", evidence=ev)
+    return passed("int32-no-overflow", f"K={K} ≤ {pred.k_limit}: no int32 accumulator can wrap", evidence=ev)
 
 
 def lossless_fp32_entry(pred: Prediction | None) -> Verdict:
     """Fires when the exact max|acc| exceeds 2²⁴: some accumulators may round entering fp32."""
     if pred is None:
-        return _inapplicable("lossless-fp32-entry", "not an int8 tile: no integer accumulator")
+        return inapplicable("lossless-fp32-entry", "not an int8 tile: no integer accumulator")
     ev = {"max_abs_acc": pred.max_abs_acc, "headroom_bits": pred.headroom_bits}
     if not pred.fp32_lossless:
-        return _fired("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} > 2^24: conversion to fp32 rounds; "
+        return fired("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} > 2^24: conversion to fp32 rounds; "
                       "per-value judgement needed", evidence=ev)
-    return _passed("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} ≤ 2^24 "
+    return passed("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} ≤ 2^24 "
                    f"({pred.headroom_bits:.2f} bits of headroom)", evidence=ev)
 
 
@@ -138,9 +141,9 @@ def exact_accumulator(reference: torch.Tensor | None, acc_a: torch.Tensor | None
     """Fires when an exposed int32 accumulator differs from the exact reference (as int32) or the other arm."""
     exposed = {arm: acc for arm, acc in (("a", acc_a), ("b", acc_b)) if acc is not None}
     if reference is None:
-        return _inapplicable("exact-accumulator", "no exact reference (not an int8 tile)")
+        return inapplicable("exact-accumulator", "no exact reference (not an int8 tile)")
     if not exposed:
-        return _inapplicable("exact-accumulator", "neither arm exposes its int32 accumulator")
+        return inapplicable("exact-accumulator", "neither arm exposes its int32 accumulator")
     expected = int32_wrap(reference)
     bad: dict[str, Any] = {}
     for arm, acc in exposed.items():
@@ -154,9 +157,9 @@ def exact_accumulator(reference: torch.Tensor | None, acc_a: torch.Tensor | None
                         "got": int(acc[tuple(at)]), "expected": int(expected[tuple(at)])}
     ev = {"exposed_by": sorted(exposed), **({"mismatches": bad} if bad else {})}
     if bad:
-        return _fired("exact-accumulator", "int32 accumulator differs from the exact reference in arm(s) "
+        return fired("exact-accumulator", "int32 accumulator differs from the exact reference in arm(s) "
                       f"{', '.join(sorted(bad))}: an integer-path defect", evidence=ev)
-    return _passed("exact-accumulator", f"accumulator(s) of arm(s) {', '.join(sorted(exposed))} equal the exact "
+    return passed("exact-accumulator", f"accumulator(s) of arm(s) {', '.join(sorted(exposed))} equal the exact "
                    "reference", evidence=ev)
 
 
@@ -177,25 +180,25 @@ def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, i
     Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap.
     """
     if not bool(is_pow2(s_w).all()):
-        return _inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
+        return inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
     if not int32_safe:
-        return _inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
+        return inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
     considered = torch.ones_like(out_a, dtype=torch.bool) if reference_fp32 is None else _normal_range_mask(reference_fp32)
     differs = ~bitwise_equal_mask(out_a, out_b) & considered
     ev = {"n_elements": out_a.numel(), "n_excluded_subnormal_or_overflow": int((~considered).sum()),
           "n_differing": int(differs.sum())}
     if bool(differs.any()):
         ev["first"] = _first_mismatch(differs)
-        return _fired("pow2-identity", f"{ev['n_differing']} of {out_a.numel()} outputs differ under power-of-two "
+        return fired("pow2-identity", f"{ev['n_differing']} of {out_a.numel()} outputs differ under power-of-two "
                       "scales: an epilogue difference that no scale order explains", evidence=ev)
-    return _passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
+    return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
 
 
 def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: bool,
                          threshold: int = DEFAULT_ULP_THRESHOLD) -> Verdict:
     """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ."""
     if not real_regime:
-        return _inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
+        return inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
     d = ulp_distance(out_a, out_b)
     finite = d >= 0
     nonfinite_mismatch = ~finite & ~bitwise_equal_mask(out_a, out_b)
@@ -203,12 +206,12 @@ def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: 
     ev = {"max_ulp": max_ulp, "n_over_threshold": int((d > threshold).sum()),
           "n_nonfinite_mismatch": int(nonfinite_mismatch.sum())}
     if max_ulp is None and not bool(nonfinite_mismatch.any()):
-        return _inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
+        return inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
                              evidence=ev)
     if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
-        return _fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
+        return fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
                       f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
-    return _passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}", threshold=threshold,
+    return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}", threshold=threshold,
                    evidence=ev)
 
 
@@ -216,12 +219,12 @@ def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: 
 def token_level_risk(flip_rate: float | None = None, bound: float | None = None) -> Verdict:
     """Fires when the teacher-forced token flip rate exceeds the workload's bound."""
     if flip_rate is None or bound is None:
-        return _inapplicable("token-level-risk", "needs a teacher-forced replay of a model with both arms; "
+        return inapplicable("token-level-risk", "needs a teacher-forced replay of a model with both arms; "
                              "tile conformance has no tokens", threshold=bound)
     ev = {"flip_rate": flip_rate}
     if flip_rate > bound:
-        return _fired("token-level-risk", f"flip rate {flip_rate:.4g} > bound {bound:.4g}", threshold=bound, evidence=ev)
-    return _passed("token-level-risk", f"flip rate {flip_rate:.4g} ≤ bound {bound:.4g}", threshold=bound, evidence=ev)
+        return fired("token-level-risk", f"flip rate {flip_rate:.4g} > bound {bound:.4g}", threshold=bound, evidence=ev)
+    return passed("token-level-risk", f"flip rate {flip_rate:.4g} ≤ bound {bound:.4g}", threshold=bound, evidence=ev)
 
 
 # extended ------------------------------------------------------------------------------------
@@ -245,20 +248,20 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
                         "max_ulp": int(d.max()) if d.numel() else None}
     ev = {"models": judged, "not_judged": unjudged, **({"violations": bad} if bad else {})}
     if not judged:
-        return _inapplicable("epilogue-model", "no arm declares an epilogue model that can be evaluated here",
+        return inapplicable("epilogue-model", "no arm declares an epilogue model that can be evaluated here",
                              evidence=ev)
     if bad:
-        return _fired("epilogue-model", "; ".join(f"arm {arm} deviates from its declared {v['model']} on "
+        return fired("epilogue-model", "; ".join(f"arm {arm} deviates from its declared {v['model']} on "
                                                   f"{v['n_differing']} elements" for arm, v in bad.items()),
                       evidence=ev)
-    return _passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
+    return passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
 
 
 def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
     """Fires when a row computed inside a smaller M (1, 4, 16 rows, various positions) differs from the same row
     computed inside the full tile. `subsets[arm]` holds (row indices, output rows) pairs."""
     if not any(subsets.values()):
-        return _inapplicable("m-invariance", "no sub-batches were run")
+        return inapplicable("m-invariance", "no sub-batches were run")
     bad: dict[str, Any] = {}
     sizes = sorted({len(rows) for runs in subsets.values() for rows, _ in runs})
     for arm, runs in subsets.items():
@@ -270,22 +273,22 @@ def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[li
                                                 "n_differing": int(differs.sum())})
     ev = {"sub_batch_sizes": sizes, **({"violations": bad} if bad else {})}
     if bad:
-        return _fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
+        return fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
                       evidence=ev)
-    return _passed("m-invariance", f"rows identical at M = {', '.join(map(str, sizes))} and in the full tile",
+    return passed("m-invariance", f"rows identical at M = {', '.join(map(str, sizes))} and in the full tile",
                    evidence=ev)
 
 
 def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> Verdict:
     """Fires when an arm run twice on the same operands gives different bits."""
     if not first:
-        return _inapplicable("run-to-run", "no repeated runs")
+        return inapplicable("run-to-run", "no repeated runs")
     bad = {arm: int((~bitwise_equal_mask(first[arm], second[arm])).sum()) for arm in first}
     bad = {arm: n for arm, n in bad.items() if n}
     if bad:
-        return _fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
+        return fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
                       evidence={"n_differing": bad})
-    return _passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(first)})
+    return passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(first)})
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:

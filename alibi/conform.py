@@ -138,7 +138,7 @@ def evaluate_unit(kernel_a: Kernel, kernel_b: Kernel, tile: Tile, regime: str, *
         checks.lossless_fp32_entry(pred),
         checks.exact_accumulator(acc, run_a.acc, run_b.acc),
         checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32) if int8 else
-        checks._inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
+        checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
         checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold),
         checks.token_level_risk(),
         checks.epilogue_model({"a": (model_a[0], out_a, model_a[1]), "b": (model_b[0], out_b, model_b[1])}),
@@ -152,8 +152,8 @@ def evaluate_unit(kernel_a: Kernel, kernel_b: Kernel, tile: Tile, regime: str, *
                                           {arm: k.run(_private_copy(t)).out for arm, (k, _) in arms.items()}))
     else:
         why = "checked in the real-scale regime" if invariance else "disabled (--no-invariance)"
-        verdicts.append(checks._inapplicable("m-invariance", why))
-        verdicts.append(checks._inapplicable("run-to-run", why))
+        verdicts.append(checks.inapplicable("m-invariance", why))
+        verdicts.append(checks.inapplicable("run-to-run", why))
     differs = ~bitwise_equal_mask(out_a, out_b)
     summary = {
         "tile": t.name, "regime": regime, "fmt": t.fmt, "M": t.M, "K": t.K, "N": t.N,

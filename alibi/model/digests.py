@@ -19,21 +19,11 @@ from pathlib import Path
 
 import torch
 
-_CHUNK = 1 << 20
+from alibi.governance.manifest import sha256_bytes, sha256_file
 
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of the bytes of the file at `path`."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def bytes_sha256(data: bytes) -> str:
-    """sha256 of `data`."""
-    return hashlib.sha256(data).hexdigest()
+# File and byte digests are the manifests' own (one implementation for the whole toolkit).
+file_sha256 = sha256_file
+bytes_sha256 = sha256_bytes
 
 
 def canonical_json(obj: object) -> bytes:
