@@ -214,12 +214,57 @@ def toolchain_reason() -> str | None:
     return None
 
 
-class CutlassInt8Kernel(Kernel):
+class CutlassKernel(Kernel):
+    """What the CUTLASS kernels share: operands checked, the op run through the library that
+    `library()` builds and loads at first use, and evidence naming the library that ran."""
+
+    device = "cuda"
+    operand_dtype: torch.dtype = torch.int8
+
+    def __init__(self) -> None:
+        self.last_run: dict[str, Any] = {}
+        self._ran: CutlassLibrary | None = None
+
+    def library(self) -> CutlassLibrary:
+        raise NotImplementedError
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16, config: int = -1):
+        check_operands(self.name, a_q, w_q, self.operand_dtype)
+        if out_dtype not in OUT_KIND:
+            raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
+        if bias is not None and tuple(bias.shape) != (w_q.shape[0],):
+            raise InputError(f"kernel {self.name!r}: bias must have shape [{w_q.shape[0]}], got {list(bias.shape)}")
+        with torch.cuda.device(a_q.device):
+            self._ran = self.library()
+            out, info = self._ran.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype, config)
+        self.last_run = {"op": "scaled_mm", **info}
+        return out
+
+    def accumulator(self, a_q, w_q, config: int = -1):
+        """The accumulator (int32 for int8, fp32 for fp8) of the mainloop configuration `scaled_mm` uses,
+        so for fp8 it is summed in the same order."""
+        check_operands(self.name, a_q, w_q, self.operand_dtype)
+        with torch.cuda.device(a_q.device):
+            self._ran = self.library()
+            acc, info = self._ran.accumulate(a_q, w_q, config)
+        self.last_run = {"op": "accumulate", **info}
+        return acc
+
+    def evidence(self) -> dict[str, Any]:
+        ev = super().evidence()
+        if self._ran is not None:
+            lib = self._ran
+            ev.update(code_path=lib.handle.alibi_path().decode(), library=str(lib.path),
+                      build=nvcc.build_record(lib.path), cutlass=nvcc.cutlass_version())
+        ev["last_run"] = dict(self.last_run)
+        return ev
+
+
+class CutlassInt8Kernel(CutlassKernel):
     """`cutlass`: CUTLASS int8 scaled GEMM (sm90 or sm80 path), vLLM's CUTLASS epilogue `w_then_a+fma`."""
 
     name = "cutlass"
     formats = ("int8",)
-    device = "cuda"
     epilogue = VLLM_CUTLASS
     description = ("CUTLASS int8 scaled-mm built with nvcc at first use (sm90: CUTLASS 3 + EVT; sm80/sm89: "
                    "CUTLASS 2), vLLM CUTLASS epilogue: w_then_a, bias in one FMA")
@@ -227,11 +272,11 @@ class CutlassInt8Kernel(Kernel):
     def __init__(self, path: str | None = None):
         if path not in (None, "sm90", "sm80"):
             raise InputError(f"CUTLASS code path {path!r} is unknown; choose sm90 or sm80 (or None: by GPU)")
+        super().__init__()
         self.forced_path = path
         if path == "sm80":
             self.name = "cutlass-sm80"
         self._libraries: dict[tuple[str, str], CutlassLibrary] = {}
-        self.last_run: dict[str, Any] = {}
 
     # -- where and how it runs --------------------------------------------------------------------
 
@@ -271,36 +316,6 @@ class CutlassInt8Kernel(Kernel):
             self.require_available()
             self._libraries[key] = CutlassLibrary(int8_library(*key), "int8")
         return self._libraries[key]
-
-    # -- the op -------------------------------------------------------------------------------------
-
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16, config: int = -1):
-        check_operands(self.name, a_q, w_q, torch.int8)
-        if out_dtype not in OUT_KIND:
-            raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
-        if bias is not None and tuple(bias.shape) != (w_q.shape[0],):
-            raise InputError(f"kernel {self.name!r}: bias must have shape [{w_q.shape[0]}], got {list(bias.shape)}")
-        with torch.cuda.device(a_q.device):
-            out, info = self.library().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype, config)
-        self.last_run = {"op": "scaled_mm", **info}
-        return out
-
-    def accumulator(self, a_q, w_q, config: int = -1):
-        """The int32 accumulator from the same mainloop configuration as `scaled_mm` would use."""
-        check_operands(self.name, a_q, w_q, torch.int8)
-        with torch.cuda.device(a_q.device):
-            acc, info = self.library().accumulate(a_q, w_q, config)
-        self.last_run = {"op": "accumulate", **info}
-        return acc
-
-    def evidence(self) -> dict[str, Any]:
-        ev = super().evidence()
-        lib = next(iter(self._libraries.values()), None)
-        if lib is not None:
-            ev.update(code_path=lib.handle.alibi_path().decode(), library=str(lib.path),
-                      build=nvcc.build_record(lib.path), cutlass=nvcc.cutlass_version())
-        ev["last_run"] = dict(self.last_run)
-        return ev
 
 
 class CutlassSm80Int8Kernel(CutlassInt8Kernel):

@@ -48,7 +48,7 @@ from alibi.errors import InputError
 from alibi.kernels import nvcc
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import (
-    OUT_KIND,
+    CutlassKernel,
     CutlassLibrary,
     check_operands,
     device_arch,
@@ -70,19 +70,19 @@ def fp8_library() -> nvcc.Library:
     return nvcc.Library("alibi_cutlass_fp8_sm90", FP8_SM90_SOURCES, (nvcc.gencode_for("sm_90a"),))
 
 
-class CutlassFp8Kernel(Kernel):
+class CutlassFp8Kernel(CutlassKernel):
     """`cutlass-fp8`: CUTLASS 3 e4m3 GEMM (fp32 fast accumulation), epilogue `w_then_a+fma`."""
 
     name = "cutlass-fp8"
     formats = ("fp8_e4m3",)
-    device = "cuda"
+    operand_dtype = torch.float8_e4m3fn
     epilogue = CUTLASS_FP8_EPILOGUE
     description = ("CUTLASS 3 fp8 e4m3 scaled-mm on sm90 (fp32 fast accumulation, vLLM's schedules), "
                    "epilogue w_then_a with the bias in one FMA")
 
     def __init__(self) -> None:
+        super().__init__()
         self._library: CutlassLibrary | None = None
-        self.last_run: dict[str, Any] = {}
 
     def available(self) -> tuple[bool, str]:
         if not torch.cuda.is_available():
@@ -108,31 +108,6 @@ class CutlassFp8Kernel(Kernel):
             self.require_available()
             self._library = CutlassLibrary(fp8_library(), "fp8")
         return self._library
-
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16, config: int = -1):
-        check_operands(self.name, a_q, w_q, FP8)
-        if out_dtype not in OUT_KIND:
-            raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
-        with torch.cuda.device(a_q.device):
-            out, info = self.library().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype, config)
-        self.last_run = {"op": "scaled_mm", **info}
-        return out
-
-    def accumulator(self, a_q, w_q, config: int = -1):
-        """The fp32 accumulator from a kernel with the same mainloop configuration (same summation order)."""
-        check_operands(self.name, a_q, w_q, FP8)
-        with torch.cuda.device(a_q.device):
-            acc, info = self.library().accumulate(a_q, w_q, config)
-        self.last_run = {"op": "accumulate", **info}
-        return acc
-
-    def evidence(self) -> dict[str, Any]:
-        ev = super().evidence()
-        if self._library is not None:
-            ev.update(code_path=self._library.handle.alibi_path().decode(), library=str(self._library.path),
-                      build=nvcc.build_record(self._library.path), cutlass=nvcc.cutlass_version())
-        ev["last_run"] = dict(self.last_run)
-        return ev
 
 
 class ScaledMmFp8Kernel(Kernel):
