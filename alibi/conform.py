@@ -21,10 +21,21 @@ from typing import Any
 import torch
 
 from alibi import checks
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict_tile
+from alibi.emulator import (
+    EpilogueModel,
+    apply_epilogue,
+    exact_accumulator,
+    predict_tile,
+)
 from alibi.errors import InputError
 from alibi.kernels import Kernel, get_kernel
-from alibi.numerics import bitwise_equal_mask, dtype_name, is_subnormal, max_ulp_distance, pow2_round
+from alibi.numerics import (
+    bitwise_equal_mask,
+    dtype_name,
+    is_subnormal,
+    max_ulp_distance,
+    pow2_round,
+)
 from alibi.tile import Tile
 
 SCHEMA = "alibi.conform/v1"

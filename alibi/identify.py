@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
-from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.emulator import (
+    BIAS_MODES,
+    ORDERS,
+    EpilogueModel,
+    apply_epilogue,
+    exact_accumulator,
+)
 from alibi.errors import InputError
 from alibi.kernels import Kernel
 from alibi.numerics import bitwise_equal_mask, max_ulp_distance

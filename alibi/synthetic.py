@@ -14,7 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
-from alibi.quant import quantize_per_token, quantize_weight_per_channel, weight_scale_per_channel
+from alibi.quant import (
+    quantize_per_token,
+    quantize_weight_per_channel,
+    weight_scale_per_channel,
+)
 from alibi.tile import Tile
 
 # (layer kind, K, N) of one decoder block: q, k, v, o, gate, up, down.

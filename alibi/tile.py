@@ -56,15 +56,15 @@ class Tile:
     meta: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def M(self) -> int:  # noqa: N802 - GEMM dimension names
+    def M(self) -> int:
         return self.a_q.shape[0]
 
     @property
-    def K(self) -> int:  # noqa: N802
+    def K(self) -> int:
         return self.a_q.shape[1]
 
     @property
-    def N(self) -> int:  # noqa: N802
+    def N(self) -> int:
         return self.w_q.shape[0]
 
     @property
@@ -219,4 +219,4 @@ def load_tile_dir(folder: str | Path) -> list[Tile]:
     return tiles
 
 
-__all__ = ["Tile", "save_tile", "load_tile", "load_tile_dir", "tile_bytes", "FLOAT_DTYPES", "OUT_DTYPES"]
+__all__ = ["FLOAT_DTYPES", "OUT_DTYPES", "Tile", "load_tile", "load_tile_dir", "save_tile", "tile_bytes"]

@@ -20,10 +20,9 @@ def test_a_staged_folder_appears_whole_with_normal_permissions(tmp_path):
 
 def test_a_failure_inside_a_staged_folder_leaves_nothing(tmp_path):
     out = tmp_path / "artifact"
-    with pytest.raises(RuntimeError):
-        with atomic.staged_dir(out) as stage:
-            (stage / "a.txt").write_text("x")
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), atomic.staged_dir(out) as stage:
+        (stage / "a.txt").write_text("x")
+        raise RuntimeError("killed")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 

@@ -2,8 +2,17 @@
 
 import pytest
 import torch
-from faulty_kernels import (Bf16ScaleEpilogue, DependsOnM, Nondeterministic, OneUlpUp, Reference, ThreeUlpsUp,
-                            WritesIntoItsInputs, WrongAccumulator, divergent_tile)
+from faulty_kernels import (
+    Bf16ScaleEpilogue,
+    DependsOnM,
+    Nondeterministic,
+    OneUlpUp,
+    Reference,
+    ThreeUlpsUp,
+    WritesIntoItsInputs,
+    WrongAccumulator,
+    divergent_tile,
+)
 
 from alibi import checks
 from alibi.conform import Pair, conform, evaluate_unit

@@ -7,8 +7,15 @@ from exact_reference import BF16, FP16, FP32, round_nearest_even
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from alibi.emulator import (EpilogueModel, apply_epilogue, exact_accumulator, fma_f32, int32_wrap, predict,
-                            product_bound)
+from alibi.emulator import (
+    EpilogueModel,
+    apply_epilogue,
+    exact_accumulator,
+    fma_f32,
+    int32_wrap,
+    predict,
+    product_bound,
+)
 from alibi.numerics import bitwise_equal, is_pow2
 
 FORMATS = {torch.bfloat16: BF16, torch.float16: FP16, torch.float32: FP32}

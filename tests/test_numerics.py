@@ -4,13 +4,23 @@ from fractions import Fraction
 
 import pytest
 import torch
-from exact_reference import BF16, FP16, FP32, round_nearest_even
+from exact_reference import BF16, FP16, round_nearest_even
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alibi.errors import InputError
-from alibi.numerics import (bits, bitwise_equal, bitwise_equal_mask, is_pow2, is_subnormal, max_ulp_distance,
-                            pow2_round, round_f64_to_bf16, round_to, ulp_distance)
+from alibi.numerics import (
+    bits,
+    bitwise_equal,
+    bitwise_equal_mask,
+    is_pow2,
+    is_subnormal,
+    max_ulp_distance,
+    pow2_round,
+    round_f64_to_bf16,
+    round_to,
+    ulp_distance,
+)
 
 
 def f32(x: float) -> torch.Tensor:

@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from alibi import atomic
-from alibi.conform import choose_pair, conform, exit_code, progress_printer, validate_regimes
+from alibi.conform import (
+    choose_pair,
+    conform,
+    exit_code,
+    progress_printer,
+    validate_regimes,
+)
 from alibi.errors import InputError
 from alibi.governance import build_predicate, resource, treatment_of, write_manifest
 from alibi.report import summary_lines, write_reports
