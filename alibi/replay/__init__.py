@@ -1,0 +1,1 @@
+"""Turning layer differences into tokens: teacher-forced replay, greedy agreement, prefill vs decode."""

@@ -1,0 +1,1 @@
+"""Statistics over replay and sweep records: flip analysis (margins, ROC, calibration) and depth fits."""
