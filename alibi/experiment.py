@@ -325,6 +325,10 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     out = Path(target)
     atomic.check_writable_dir(out)
     protocol = require_locked(exp.prereg) if exp.prereg else None
+    if protocol is not None:  # refuse a study whose acceptance criteria cannot be read, before measuring
+        from alibi.governance.criteria import study_criteria
+
+        study_criteria(exp.prereg)
     regimes = conform.validate_regimes(exp.scales)
     pair = conform.choose_pair(*exp.kernels)
     inputs = resolve_inputs(exp)
@@ -374,6 +378,11 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
                                environment=conform.environment(), created_at=None)
     write_reports(report, out / REPORT_DIR)
+    if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
+        from alibi.governance.criteria import CRITERIA_FILE, evaluate_study
+
+        judged = evaluate_study(exp.prereg, {"report": out / REPORT_DIR / "report.json"})
+        atomic.write_text(out / CRITERIA_FILE, judged.to_json())
     predicate = build_predicate(
         inputs={"tiles": inputs.resource}, seed=exp.seed, arms=arms,
         parameters={"experiment": exp.identity(), "run_record_sha256": sha256_bytes(record_text.encode("utf-8")),

@@ -1,4 +1,5 @@
-"""`alibi prereg init|lock|amend|verify|status DIR`: pre-registered protocols pinned by hash."""
+"""`alibi prereg init|lock|amend|verify|status|evaluate DIR`: pre-registered protocols pinned by hash,
+and their acceptance criteria judged by code."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if name == "init":
             p.add_argument("--title", default=None, help="the protocol's title (default: from the folder name)")
         p.set_defaults(func=func)
+    p = sub.add_parser("evaluate", help="judge a locked protocol's acceptance criteria against result files",
+                       description="Judge every criterion of DIR/analysis.yaml against the named result files; "
+                                   "writes criteria.json (--out). Exit 0 pass, 1 a criterion fails or is "
+                                   "inapplicable, 2 bad input.")
+    p.add_argument("folder", type=Path, help="the locked protocol folder")
+    p.add_argument("--result", action="append", default=[], metavar="NAME=FILE", required=True,
+                   help="a result file under the source name the criteria use (repeat for each source)")
+    p.add_argument("--out", type=Path, help="write the evaluation here (criteria.json beside the results)")
+    p.set_defaults(func=_evaluate)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -71,3 +81,28 @@ def _status(args: argparse.Namespace) -> int:
         if "without an amendment" not in msg and "not locked" not in msg:
             print(f"damaged   {msg}")
     return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from alibi import atomic
+    from alibi.errors import InputError
+    from alibi.governance.criteria import evaluate_study
+
+    sources = {}
+    for item in args.result:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--result {item!r}: expected NAME=FILE, e.g. --result real=out/real/flips/flips.json")
+        if name in sources:
+            raise InputError(f"--result {name}: given twice; name each source once")
+        sources[name] = Path(path)
+    judged = evaluate_study(args.folder, sources)
+    for o in judged.outcomes:
+        mark = {True: "holds", False: "FAILS", None: "inapplicable"}[o.holds]
+        print(f"  {o.criterion.id:<28} {mark:<12} {o.reason}")
+    print(f"{args.folder}: {judged.verdict} ({sum(o.holds is True for o in judged.outcomes)} of "
+          f"{len(judged.outcomes)} criteria hold)")
+    if args.out:
+        atomic.write_text(args.out, judged.to_json())
+        print(f"wrote {args.out}")
+    return 0 if judged.verdict == "pass" else 1

@@ -72,9 +72,16 @@ Anything done differently from the above, recorded before the affected results a
 """
 
 ANALYSIS_TEMPLATE = """\
-# Analysis parameters, fixed before measurement. Keys are read by the analysis recipes.
+# Analysis parameters, fixed before measurement. `criteria` are judged by code
+# (alibi.governance.criteria; `alibi run` writes criteria.json, `alibi prereg evaluate` for other results).
 scales: [real, pow2]
-tolerance_ulp: 1
+criteria:
+  - id: no-check-fires
+    prediction: no conformance check fires on any unit
+    source: report
+    metric: verdict
+    op: "=="
+    value: pass
 """
 
 

@@ -1,0 +1,303 @@
+"""Acceptance criteria of a pre-registered study, evaluated by code.
+
+A locked protocol's `analysis.yaml` states, before any measurement, what must be true of the
+results. Each criterion names a *source* (a result file of the study: a conform report, a flip
+analysis, a greedy-agreement record), a *metric* inside it (a dotted path into the result's JSON;
+for a conform report also the derived metrics of `conform_report_metrics`), a comparison and a
+value. The value is a number, a boolean, or `$other.metric`, another metric of the same source
+(so "logits identical at every position" reads `logits_identical == $n_positions`).
+
+    criteria:
+      - id: T1-logits
+        prediction: on the pow2 checkpoint both arms give bitwise-identical logits
+        source: pow2
+        metric: logits_identical
+        op: "=="
+        value: $n_positions
+
+Argument. A criterion holds only if its metric exists, is not null, and satisfies the
+comparison; a missing or null metric makes it *inapplicable*, which is reported as such and never
+counts as support. The study's verdict is `pass` only when every criterion holds.
+
+The evaluation is written beside the results as `criteria.json` (schema `alibi-criteria/v1`),
+with the sha256 of every source file and the protocol's lock and head hashes, so a reader can tell
+exactly which bytes were judged against which locked text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alibi.errors import InputError
+from alibi.governance.manifest import sha256_file
+
+SCHEMA = "alibi-criteria/v1"
+CRITERIA_FILE = "criteria.json"
+OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One pre-registered acceptance criterion: `source.metric op value` (see the module docstring)."""
+
+    id: str
+    prediction: str
+    source: str
+    metric: str
+    op: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A criterion judged: `holds` is True/False, or None when inapplicable (`reason` says why);
+    `observed` and `expected` are the compared values."""
+
+    criterion: Criterion
+    holds: bool | None
+    observed: Any
+    expected: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """All criteria of a study judged against its results.
+
+    verdict: `pass` (every criterion holds), `fail` (one does not), or `inconclusive` (none fails,
+    one is inapplicable); sources: name → {path, sha256} of each result file read; protocol: the
+    protocol's folder, lock and head hashes (None when evaluated outside a protocol).
+    """
+
+    verdict: str
+    outcomes: tuple[Outcome, ...]
+    sources: Mapping[str, Mapping[str, str]]
+    protocol: Mapping[str, Any] | None
+    schema: str = SCHEMA
+
+    def to_json(self) -> str:
+        doc = {"schema": self.schema, "verdict": self.verdict, "protocol": self.protocol,
+               "sources": {k: dict(v) for k, v in sorted(self.sources.items())},
+               "outcomes": [{**asdict(o.criterion), "holds": o.holds, "observed": o.observed,
+                             "expected": o.expected, "reason": o.reason} for o in self.outcomes]}
+        return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Evaluation:
+        doc = json.loads(text)
+        if doc.get("schema") != SCHEMA:
+            raise InputError(f"not an alibi criteria evaluation (schema must be {SCHEMA!r})")
+        names = Criterion.__dataclass_fields__
+        outcomes = tuple(Outcome(Criterion(**{k: o[k] for k in names}), o["holds"], o["observed"], o["expected"],
+                                 o["reason"]) for o in doc["outcomes"])
+        return cls(doc["verdict"], outcomes, doc["sources"], doc["protocol"])
+
+
+def parse_criteria(raw: Any, where: str) -> tuple[Criterion, ...]:
+    """Criteria from the `criteria:` list of an analysis file; InputError naming `where` and the entry."""
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"{where}: `criteria` must be a non-empty list of {{id, prediction, source, metric, op, value}}")
+    out: list[Criterion] = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            raise InputError(f"{where}: criteria[{i}] is not a mapping")
+        missing = [k for k in Criterion.__dataclass_fields__ if k not in entry]
+        extra = sorted(set(entry) - set(Criterion.__dataclass_fields__))
+        if missing or extra:
+            raise InputError(f"{where}: criteria[{i}] " + (f"lacks {', '.join(missing)}" if missing else
+                                                           f"has unknown key(s) {', '.join(extra)}"))
+        c = Criterion(**{k: entry[k] for k in Criterion.__dataclass_fields__})
+        if c.op not in OPS:
+            raise InputError(f"{where}: criteria[{i}] ({c.id}): op {c.op!r} is not one of {' '.join(OPS)}")
+        if not all(isinstance(getattr(c, k), str) and getattr(c, k) for k in ("id", "source", "metric")):
+            raise InputError(f"{where}: criteria[{i}]: id, source and metric must be non-empty strings")
+        out.append(c)
+    ids = [c.id for c in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise InputError(f"{where}: criterion id {dup[0]!r} appears twice; ids must be unique")
+    return tuple(out)
+
+
+def load_criteria(analysis_file: str | Path) -> tuple[Criterion, ...]:
+    """The `criteria:` of an analysis YAML file (aliases refused, like every YAML alibi reads)."""
+    path = Path(analysis_file)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"{path}: cannot read the analysis file ({exc.__class__.__name__})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(doc, Mapping) or "criteria" not in doc:
+        raise InputError(f"{path}: has no `criteria:` list; state the acceptance criteria before measuring")
+    return parse_criteria(doc["criteria"], str(path))
+
+
+def lookup(doc: Any, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted path in nested mappings (list items by integer index)."""
+    node = doc
+    for part in dotted.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def judge(criterion: Criterion, doc: Mapping[str, Any]) -> Outcome:
+    """One criterion against one source document."""
+    found, observed = lookup(doc, criterion.metric)
+    if not found or observed is None:
+        return Outcome(criterion, None, observed, criterion.value,
+                       f"{criterion.source}.{criterion.metric} is {'null' if found else 'absent'}: inapplicable")
+    expected = criterion.value
+    if isinstance(expected, str) and expected.startswith("$"):
+        found_e, expected = lookup(doc, expected[1:])
+        if not found_e or expected is None:
+            return Outcome(criterion, None, observed, None,
+                           f"{criterion.source}.{criterion.value[1:]} is absent or null: inapplicable")
+    comparable = (_is_number(observed) and _is_number(expected)) or type(observed) is type(expected)
+    if not comparable or (criterion.op not in ("==", "!=") and not _is_number(observed)) or \
+            (_is_number(observed) and not math.isfinite(observed)):
+        return Outcome(criterion, None, observed, expected,
+                       f"cannot compare {observed!r} with {expected!r}: inapplicable")
+    holds = bool(OPS[criterion.op](observed, expected))
+    return Outcome(criterion, holds, observed, expected,
+                   f"{criterion.metric} = {observed!r} {'satisfies' if holds else 'violates'} {criterion.op} {expected!r}")
+
+
+def evaluate(criteria: tuple[Criterion, ...], documents: Mapping[str, Mapping[str, Any]],
+             sources: Mapping[str, Mapping[str, str]], protocol: Mapping[str, Any] | None = None) -> Evaluation:
+    """Judge every criterion against its source document (a criterion naming an unknown source is
+    inapplicable). `sources` records where each document came from."""
+    outcomes = []
+    for c in criteria:
+        if c.source not in documents:
+            outcomes.append(Outcome(c, None, None, c.value, f"source {c.source!r} was not given: inapplicable"))
+        else:
+            outcomes.append(judge(c, documents[c.source]))
+    if any(o.holds is False for o in outcomes):
+        verdict = "fail"
+    elif any(o.holds is None for o in outcomes):
+        verdict = "inconclusive"
+    else:
+        verdict = "pass"
+    return Evaluation(verdict, tuple(outcomes), dict(sources), None if protocol is None else dict(protocol))
+
+
+def read_source(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """A result JSON file as a document (conform reports get their derived metrics added) and its
+    {path, sha256}."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{p}: cannot read it as a JSON result ({exc.__class__.__name__}); "
+                         "pass the result file the criterion names") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{p}: a result file must hold a JSON object")
+    if str(doc.get("schema", "")).startswith("alibi.conform/"):
+        doc = {**doc, **conform_report_metrics(doc)}
+    return doc, {"path": str(p), "sha256": sha256_file(p)}
+
+
+def conform_report_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Derived metrics of a conform report, for criteria:
+
+    `regimes_summary.<regime>.{units, differing_units, n_differing, n_elements, differing_fraction,
+    max_ulp}` summed over the report's tiles, and `check_counts.<check>.{fired, passed,
+    inapplicable}` counted over units (a unit's verdict for that check), overall and per regime
+    (`regimes_summary.<regime>.checks.<check>...`: the invariance checks run in one regime only)."""
+    regimes: dict[str, dict[str, Any]] = {}
+    checks: dict[str, dict[str, int]] = {}
+    for unit in report.get("tiles", []):
+        r = regimes.setdefault(unit["regime"], {"units": 0, "differing_units": 0, "n_differing": 0,
+                                                "n_elements": 0, "max_ulp": 0, "checks": {}})
+        r["units"] += 1
+        r["differing_units"] += int(unit["n_differing"] > 0)
+        r["n_differing"] += int(unit["n_differing"])
+        r["n_elements"] += int(unit["n_elements"])
+        if unit.get("max_ulp") is not None:
+            r["max_ulp"] = max(r["max_ulp"], unit["max_ulp"])
+        for name, v in unit.get("verdicts", {}).items():
+            status = "inapplicable" if not v["applicable"] else "fired" if v["fired"] else "passed"
+            for counts in (checks, r["checks"]):
+                counts.setdefault(name, {"fired": 0, "passed": 0, "inapplicable": 0})[status] += 1
+    for r in regimes.values():
+        r["differing_fraction"] = r["n_differing"] / r["n_elements"] if r["n_elements"] else None
+    return {"regimes_summary": regimes, "check_counts": checks}
+
+
+# The layer study's analysis.yaml predates `criteria:`; its four thresholds and the checks its
+# protocol names for P1–P6 translate into criteria over the run's conform report like this.
+def layer_study_criteria(params: Mapping[str, Any]) -> tuple[Criterion, ...]:
+    """Criteria of `prereg/smollm2-layer-verification` from its analysis.yaml keys (source `report`)."""
+    c: list[Criterion] = []
+    checks = {"P1": ("lossless-fp32-entry", "int32-no-overflow"), "P2": ("pow2-identity",),
+              "P3": ("real-scale-tolerance",), "P4": ("epilogue-model",),
+              "P5": ("exact-accumulator", "shared-operands"), "P6": ("m-invariance", "run-to-run")}
+    for pid, names in checks.items():
+        for name in names:
+            c.append(Criterion(f"{pid}-{name}-fired", f"{name} fires on no unit", "report",
+                               f"check_counts.{name}.fired", "==", 0))
+    for name in ("lossless-fp32-entry", "int32-no-overflow", "epilogue-model", "shared-operands"):
+        c.append(Criterion(f"applicable-{name}", f"{name} is applicable on every unit", "report",
+                           f"check_counts.{name}.inapplicable", "==", 0))
+    # The invariance checks run once per tile, in the real-scale regime; checks 5 and 6 each
+    # belong to one regime.
+    for regime, name in (("real", "m-invariance"), ("real", "run-to-run"), ("pow2", "pow2-identity"),
+                         ("real", "real-scale-tolerance")):
+        c.append(Criterion(f"applicable-{name}", f"{name} is applicable on every {regime}-scale unit", "report",
+                           f"regimes_summary.{regime}.checks.{name}.inapplicable", "==", 0))
+    c.append(Criterion("P3-ulp", "every real-scale difference is within the ulp threshold", "report",
+                       "regimes_summary.real.max_ulp", "<=", params["ulp_threshold"]))
+    c.append(Criterion("P3-rare", "differing elements are rare under real scales", "report",
+                       "regimes_summary.real.differing_fraction", "<=", params["max_differing_fraction_real"]))
+    c.append(Criterion("P3-some", "the two scale orders differ somewhere under real scales", "report",
+                       "regimes_summary.real.n_differing", ">=", params["min_differing_elements_real"]))
+    c.append(Criterion("P2-count", "no element differs under pow2 scales", "report",
+                       "regimes_summary.pow2.n_differing", "<=", params["max_differing_elements_pow2"]))
+    return tuple(c)
+
+
+def study_criteria(prereg_folder: str | Path) -> tuple[Criterion, ...]:
+    """The criteria of a protocol folder: its analysis.yaml `criteria:`, or the layer study's
+    legacy thresholds translated by `layer_study_criteria`."""
+    path = Path(prereg_folder) / "analysis.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: cannot read the analysis parameters ({exc.__class__.__name__})") from None
+    if isinstance(doc, Mapping) and "criteria" in doc:
+        return parse_criteria(doc["criteria"], str(path))
+    legacy = ("ulp_threshold", "max_differing_fraction_real", "min_differing_elements_real", "max_differing_elements_pow2")
+    if isinstance(doc, Mapping) and all(k in doc for k in legacy):
+        return layer_study_criteria(doc)
+    raise InputError(f"{path}: states no acceptance criteria (`criteria:` list); add them before measuring")
+
+
+def evaluate_study(prereg_folder: str | Path, sources: Mapping[str, str | Path]) -> Evaluation:
+    """Evaluate a locked protocol's criteria against result files (`name → path`): the protocol is
+    verified first (`require_locked`), and its lock and head hashes go into the evaluation."""
+    from alibi.governance.prereg import require_locked
+
+    record = require_locked(prereg_folder)
+    criteria = study_criteria(prereg_folder)
+    documents, digests = {}, {}
+    for name, path in sources.items():
+        documents[name], digests[name] = read_source(path)
+    return evaluate(criteria, documents, digests, record.as_dict())
