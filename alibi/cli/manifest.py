@@ -1,4 +1,5 @@
-"""`alibi manifest write|verify`: pin an artifact folder by hash, check one, or check two arms' identity."""
+"""`alibi manifest write|verify|provenance`: pin an artifact folder by hash, check one, check two arms'
+identity, or find the commit whose code produced a result."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true", help="print the identity record as JSON")
     v.set_defaults(func=_verify)
 
+    pv = sub.add_parser("provenance", help="find the commit(s) whose source tree produced a result",
+                        description="Search every commit reachable from HEAD for the source digest a result's "
+                                    "manifest records (results made on a copy without git history record no "
+                                    "commit). Exit 0 when a commit matches, 1 when none does.")
+    pv.add_argument("result", type=Path, nargs="+", help="a manifest.json, the folder holding it, or a JSON result")
+    pv.add_argument("--repo", type=Path, default=Path("."), help="the toolkit's git checkout (default: .)")
+    pv.set_defaults(func=_provenance)
+
 
 def _write(args: argparse.Namespace) -> int:
     inputs = {}
@@ -84,3 +93,20 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             print(f"identity contract broken: {len(record.problems)} problem(s)")
     return 0 if record.verified else 1
+
+
+def _provenance(args: argparse.Namespace) -> int:
+    from alibi.governance.provenance import find_provenance
+
+    missing = 0
+    for result in args.result:
+        p = find_provenance(result, args.repo)
+        recorded = p.recorded_commit or "none recorded"
+        if p.found:
+            print(f"{result}: source digest {p.recorded_digest[:16]}… is the tree of commit(s) {', '.join(p.matches)} "
+                  f"(recorded commit: {recorded})")
+        else:
+            missing += 1
+            print(f"{result}: source digest {p.recorded_digest[:16]}… matches none of {p.searched} commits: "
+                  f"it ran on uncommitted code (recorded commit: {recorded})")
+    return 1 if missing else 0

@@ -16,7 +16,8 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import alibi
@@ -78,14 +79,28 @@ def toolkit() -> Toolkit:
     return Toolkit("integer-alibi", alibi.__version__, commit or None, dirty, {"sha256": _source_sha256()})
 
 
-def _source_sha256() -> str:
-    """sha256 of the `sha256sum`-style listing of the package's .py files and kernel sources."""
-    package = Path(alibi.__file__).resolve().parent
-    files = sorted(p for p in package.rglob("*") if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp")
-                   and "__pycache__" not in p.parts)
-    listing = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(package).as_posix()}\n"
-                      for p in files)
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
+
+
+def is_source_file(relative: str) -> bool:
+    """Whether a file (path relative to the package folder) counts towards the source digest."""
+    return relative.endswith(SOURCE_SUFFIXES) and "__pycache__" not in relative.split("/")
+
+
+def source_digest(files: Mapping[str, bytes]) -> str:
+    """sha256 of the `sha256sum`-style listing of `files` (path relative to the package folder →
+    bytes), in path order: the toolkit's `source_digest`, computable from a working tree or from
+    any commit's tree (see `alibi.governance.provenance`)."""
+    order = sorted(files, key=PurePosixPath)
+    listing = "".join(f"{hashlib.sha256(files[rel]).hexdigest()}  {rel}\n" for rel in order)
     return hashlib.sha256(listing.encode("utf-8")).hexdigest()
+
+
+def _source_sha256() -> str:
+    """The source digest of the running package's own files."""
+    package = Path(alibi.__file__).resolve().parent
+    files = {p.relative_to(package).as_posix(): p for p in package.rglob("*") if p.is_file()}
+    return source_digest({rel: p.read_bytes() for rel, p in files.items() if is_source_file(rel)})
 
 
 def _version(module: str) -> str | None:
