@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "alibi.cli.predict",
     "alibi.cli.eval",
     "alibi.cli.pow2",
+    "alibi.cli.replay",
     "alibi.cli.analyze",
 ]
 

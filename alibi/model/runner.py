@@ -112,6 +112,43 @@ class LoadedModel:
                 return torch.tensor(chosen, dtype=torch.long)
             out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
 
+    @torch.inference_mode()
+    def greedy_batch(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy continuations of B prompts of one length [B,T] → the chosen ids [B, new_tokens].
+
+        The prompts are equally long, so they batch without padding or attention mask: row b of
+        every GEMM is prompt b, and batching changes only M (B·T at prefill, B at each decode
+        step). Each row's next token is the argmax of its own fp32 logits, as in `greedy`.
+        """
+        if new_tokens < 1:
+            raise ValueError(f"new_tokens must be positive, got {new_tokens}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"greedy_batch takes [B,T] token ids, got shape {list(input_ids.shape)}")
+        out = self.model(input_ids=input_ids.to(self.device), use_cache=True)
+        chosen: list[torch.Tensor] = []
+        while True:
+            nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
+            chosen.append(nxt)
+            if len(chosen) == new_tokens:
+                return torch.cat(chosen, dim=1).cpu()
+            out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+
+    @torch.inference_mode()
+    def incremental_logits(self, input_ids: torch.Tensor, prefill_tokens: int) -> torch.Tensor:
+        """Logits [T,V] (float32) of one window [T] computed the way decoding computes them: one
+        prefill of the first `prefill_tokens` tokens (with the KV cache), then one forward per
+        remaining token, each of M = 1 against the cache. Row t is the output at token t, as in
+        row t of `logits` (which computes all T rows in one prefill without a cache)."""
+        ids = input_ids.reshape(1, -1).to(self.device)
+        if not 1 <= prefill_tokens <= ids.shape[1]:
+            raise ValueError(f"prefill_tokens must be in 1..{ids.shape[1]}, got {prefill_tokens}")
+        out = self.model(input_ids=ids[:, :prefill_tokens], use_cache=True)
+        rows = [out.logits[0].float()]
+        for t in range(prefill_tokens, ids.shape[1]):
+            out = self.model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
+            rows.append(out.logits[0].float())
+        return torch.cat(rows, dim=0)
+
 
 def _require_transformers():
     try:

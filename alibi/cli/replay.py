@@ -1,0 +1,127 @@
+"""`alibi replay teacher-forced|greedy|prefill-vs-decode`: from layer differences to tokens (thin over `alibi.replay`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="checkpoint folder (W8A8, or dense without --kernel)")
+    p.add_argument("--prompts", type=Path, required=True, help="prompt set folder (`alibi prompts build`)")
+    p.add_argument("--windows", type=int, help="use the first N windows of the set (default: all)")
+    p.add_argument("--device", help="device for the model (default: the kernel's)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (written atomically)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier replay output at --out")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _span(p: argparse.ArgumentParser, positions_default: str) -> None:
+    p.add_argument("--context", type=int, help="T: tokens of context before the first position (default: half a window)")
+    p.add_argument("--positions", type=int, help=f"P: positions per window ({positions_default})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="teacher-forced replay, greedy agreement, prefill vs decode")
+    rs = p.add_subparsers(dest="replay_command", required=True, parser_class=type(p))
+
+    tf = rs.add_parser("teacher-forced", help="score pinned text position by position with one kernel "
+                       "(or two, each in a fresh process, then `alibi analyze flips`)")
+    _inputs(tf)
+    _span(tf, "default: the rest of the window")
+    tf.add_argument("--kernel", help="the kernel of this arm (one arm per process)")
+    tf.add_argument("--arm", help="this arm's label in the manifest (default: the kernel's name)")
+    tf.add_argument("--kernel-a", help="both arms: kernel of arm a (with --kernel-b)")
+    tf.add_argument("--kernel-b", help="both arms: kernel of arm b (with --kernel-a)")
+    tf.set_defaults(func=teacher_forced)
+
+    gr = rs.add_parser("greedy", help="greedy continuations per arm, each arm twice in fresh processes")
+    _inputs(gr)
+    gr.add_argument("--prompt-tokens", type=int, required=True, help="T: prompt tokens taken from each window")
+    gr.add_argument("--new-tokens", type=int, required=True, help="G: tokens generated per prompt")
+    gr.add_argument("--batch-size", type=int, default=1, help="prompts per batch (default 1; same for both arms)")
+    gr.add_argument("--kernel-a", help="kernel of arm a (with --kernel-b)")
+    gr.add_argument("--kernel-b", help="kernel of arm b (with --kernel-a)")
+    gr.add_argument("--runs", type=int, default=2, help="fresh-process runs per arm (default 2)")
+    gr.add_argument("--kernel", help="one run of one arm in this process (what the two-arm form starts)")
+    gr.add_argument("--arm", help="with --kernel: this run's arm label (default: the kernel's name)")
+    gr.add_argument("--run-index", type=int, default=1, help="with --kernel: which run of the arm this is")
+    gr.set_defaults(func=greedy)
+
+    pd = rs.add_parser("prefill-vs-decode", help="one arm: prefill logits vs incremental decoding, bitwise, "
+                       "with the first differing module per position")
+    _inputs(pd)
+    _span(pd, "default 64, or the rest of the window if shorter")
+    pd.add_argument("--kernel", help="the kernel of the W8A8 checkpoint's Linears")
+    pd.set_defaults(func=prefill_vs_decode)
+
+
+def teacher_forced(args: argparse.Namespace) -> int:
+    from alibi.errors import InputError
+    from alibi.replay.setup import stderr_progress
+
+    pair = args.kernel_a is not None or args.kernel_b is not None
+    if pair:
+        if args.kernel is not None or args.arm is not None:
+            raise InputError("--kernel/--arm run one arm; --kernel-a/--kernel-b run both: give one form, not both")
+        if args.kernel_a is None or args.kernel_b is None:
+            raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
+        from alibi.replay.teacher_forced import run_pair
+
+        code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
+                        windows=args.windows, context=args.context, positions=args.positions, device=args.device,
+                        overwrite=args.overwrite, quiet=args.quiet)
+        if code == 0:
+            print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b), flips in {args.out / 'flips'}")
+        return code
+    from alibi.replay.teacher_forced import run_teacher_forced
+
+    arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
+                             context=args.context, positions=args.positions, arm=args.arm, device=args.device,
+                             overwrite=args.overwrite, progress=stderr_progress(args.quiet))
+    print(f"teacher-forced: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} after "
+          f"{arm.context} tokens) with {arm.kernel or 'the dense model'} → {args.out}")
+    return 0
+
+
+def greedy(args: argparse.Namespace) -> int:
+    from alibi.errors import InputError
+    from alibi.replay import greedy as lib
+    from alibi.replay.setup import stderr_progress
+
+    progress = stderr_progress(args.quiet)
+    if args.kernel_a is not None or args.kernel_b is not None:
+        if args.kernel is not None or args.arm is not None:
+            raise InputError("--kernel/--arm make one run of one arm; --kernel-a/--kernel-b compare two: give one form")
+        if args.kernel_a is None or args.kernel_b is None:
+            raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
+        result = lib.run_agreement(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
+                                   kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
+                                   new_tokens=args.new_tokens, windows=args.windows, batch_size=args.batch_size,
+                                   runs=args.runs, device=args.device, overwrite=args.overwrite, quiet=args.quiet)
+        if isinstance(result, int):
+            return result
+        for line in lib.summary_lines(result):
+            print(line)
+        return 0
+    if args.kernel is None and args.arm is not None:
+        raise InputError("--arm labels a run of --kernel; name the kernel (or use --kernel-a/--kernel-b)")
+    run = lib.run_greedy_arm(args.model, args.prompts, args.out, kernel=args.kernel, arm=args.arm,
+                             run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                             windows=args.windows, batch_size=args.batch_size, device=args.device,
+                             overwrite=args.overwrite, progress=progress)
+    print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
+          f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
+    return 0
+
+
+def prefill_vs_decode(args: argparse.Namespace) -> int:
+    from alibi.replay.prefill_decode import run_prefill_vs_decode, summary_lines
+    from alibi.replay.setup import stderr_progress
+
+    result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
+                                   context=args.context, positions=args.positions, device=args.device,
+                                   overwrite=args.overwrite, progress=stderr_progress(args.quiet))
+    for line in summary_lines(result):
+        print(line)
+    return 0

@@ -1,0 +1,303 @@
+"""Teacher-forced replay of one arm: what the model predicts at each scored position of pinned text.
+
+Per window of the prompt set, one prefill pass (`LoadedModel.logits`, no KV cache) over tokens
+0 … T+P−1. The logit row at index p−1 has seen tokens 0 … p−1 of the pinned text and predicts
+token p, so positions p = T … T+P−1 are scored from rows T−1 … T+P−2 — always on the text,
+never on the model's own output (teacher forcing). Per scored position, from the fp32 logits
+(`score_rows`):
+
+- forced token: the text's token at p, and its log-probability;
+- top-1: `argmax` (the first maximal index on ties), its log-probability;
+- top-2: the largest logit once the top-1 index is removed (equal to the top-1 logit on a tie);
+- margin: top-1 logit − top-2 logit in fp32 (0 on a tie; ≥ 0 always);
+- `logits_sha256`: sha256 of the row's fp32 little-endian bytes, so two arms' logits can be
+  compared bit for bit without storing them.
+
+Log-probabilities are `torch.log_softmax` in fp32, stored as the float64 value of that fp32.
+
+Throughput. The forward pass dominates; the scoring runs on the model's device, only the scored
+rows travel to the host, and their digests are computed by a thread pool while the next window's
+forward runs (`hashlib` releases the GIL on large buffers), so the replay costs little more than
+the forward passes themselves (`analysis/bench_replay.py` measures the ratio).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from alibi.errors import InputError
+from alibi.replay.records import ArmRecords, TokenRecord, window_sha256, write_records
+from alibi.replay.setup import Progress, Span
+
+HASH_CHUNK_ROWS = 32  # rows per hashing job: enough jobs to use the pool, few enough to keep overhead low
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """`score_rows` of P logit rows, each a tensor [P] on the rows' device."""
+
+    forced_logprob: torch.Tensor
+    top1_id: torch.Tensor
+    top1_logprob: torch.Tensor
+    top2_logprob: torch.Tensor
+    margin: torch.Tensor
+
+
+def score_rows(rows: torch.Tensor, forced: torch.Tensor) -> ScoredRows:
+    """Score fp32 logit rows [P,V] against the forced token ids [P] (see the module docstring)."""
+    if rows.dtype != torch.float32 or rows.dim() != 2:
+        raise ValueError(f"score_rows takes fp32 logits [P,V], got {rows.dtype} {list(rows.shape)}")
+    logp = torch.log_softmax(rows, dim=-1)
+    top1 = rows.argmax(dim=-1, keepdim=True)
+    top1_logit = rows.gather(1, top1)
+    rest = rows.scatter(1, top1, float("-inf"))
+    top2 = rest.argmax(dim=-1, keepdim=True)
+    top2_logit = rest.gather(1, top2)
+    forced = forced.to(rows.device).reshape(-1, 1)
+    return ScoredRows(forced_logprob=logp.gather(1, forced)[:, 0], top1_id=top1[:, 0],
+                      top1_logprob=logp.gather(1, top1)[:, 0], top2_logprob=logp.gather(1, top2)[:, 0],
+                      margin=(top1_logit - top2_logit)[:, 0])
+
+
+def _row_digests(host_rows: torch.Tensor) -> list[str]:
+    """sha256 of each fp32 row's little-endian bytes (`alibi.replay.records.logits_sha256`, without a copy)."""
+    array = host_rows.numpy()
+    if sys.byteorder != "little":
+        array = array.astype("<f4")
+    return [hashlib.sha256(memoryview(row)).hexdigest() for row in array]
+
+
+class RowHasher:
+    """Digests logit rows on a thread pool while the caller computes the next window."""
+
+    def __init__(self, workers: int | None = None):
+        self._pool = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1),
+                                        thread_name_prefix="alibi-row-sha256")
+
+    def submit(self, host_rows: torch.Tensor) -> list[Future]:
+        """Queue the digests of `host_rows` [P,V] (fp32, C-contiguous, on the CPU, not modified afterwards)."""
+        return [self._pool.submit(_row_digests, host_rows[i : i + HASH_CHUNK_ROWS])
+                for i in range(0, host_rows.shape[0], HASH_CHUNK_ROWS)]
+
+    @staticmethod
+    def result(futures: Sequence[Future]) -> list[str]:
+        return [d for f in futures for d in f.result()]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _to_host(rows: torch.Tensor) -> torch.Tensor:
+    """A host copy of `rows` that later device work cannot change (pinned and asynchronous on CUDA:
+    the caller's next blocking copy on the same stream orders it)."""
+    if rows.device.type == "cpu":
+        return rows.contiguous()
+    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    return host
+
+
+@dataclass(frozen=True)
+class _Pending:
+    window: int
+    prompt_sha256: str
+    forced: list[int]
+    stats: list[list[float]]
+    top1: list[int]
+    digests: list[Future]
+
+
+def replay_windows(lm, input_ids: torch.Tensor, span: Span, progress: Progress | None = None,
+                   hasher: RowHasher | None = None) -> tuple[TokenRecord, ...]:
+    """Teacher-forced records of `lm` over `span` of the prompt ids [N,L], window-major."""
+    own = hasher is None
+    hasher = hasher or RowHasher()
+    pending: list[_Pending] = []
+    t, p = span.context, span.positions
+    start = time.perf_counter()
+    try:
+        for k, w in enumerate(span.windows):
+            ids = input_ids[w]
+            rows = lm.logits(ids[: span.fed].reshape(1, -1))[0, t - 1 : t + p - 1]
+            forced = ids[t : t + p]
+            s = score_rows(rows, forced)
+            host = _to_host(rows)
+            stats = torch.stack([s.forced_logprob, s.top1_logprob, s.top2_logprob, s.margin], dim=1).cpu()
+            top1 = s.top1_id.cpu()
+            pending.append(_Pending(w, window_sha256(ids), forced.tolist(), stats.tolist(), top1.tolist(),
+                                    hasher.submit(host)))
+            _check_finite(stats, w, t, lm)
+            if progress:
+                progress(f"teacher-forced window {k + 1}/{len(span.windows)} (index {w}): {p} positions scored, "
+                         f"{time.perf_counter() - start:.1f}s")
+        records = []
+        for pend in pending:
+            digests = hasher.result(pend.digests)
+            for i in range(p):
+                forced_lp, top1_lp, top2_lp, margin = pend.stats[i]
+                records.append(TokenRecord(window=pend.window, prompt_sha256=pend.prompt_sha256, position=t + i,
+                                           forced_id=int(pend.forced[i]), forced_logprob=forced_lp,
+                                           top1_id=int(pend.top1[i]), top1_logprob=top1_lp, top2_logprob=top2_lp,
+                                           margin=margin, logits_sha256=digests[i]))
+        return tuple(records)
+    finally:
+        if own:
+            hasher.close()
+
+
+def _check_finite(stats: torch.Tensor, window: int, context: int, lm) -> None:
+    bad = (~torch.isfinite(stats)).any(dim=1).nonzero()
+    if bad.numel():
+        kernel = lm.kernel.name if lm.kernel is not None else "the dense model"
+        raise InputError(f"window {window} position {context + int(bad[0, 0])}: {kernel} produced non-finite logits "
+                         "(NaN or inf); the records hold finite values only — check the kernel with `alibi conform`")
+
+
+def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+                       kernel: str | None, windows: int | None = None, context: int | None = None,
+                       positions: int | None = None, arm: str | None = None, device: str | None = None,
+                       overwrite: bool = False, progress: Progress | None = None) -> ArmRecords:
+    """One arm's teacher-forced replay into the folder `out` (records.json + manifest.json, atomically).
+
+    Everything is validated before the model loads; InputError (exit 2) for bad input, with
+    nothing written; KernelUnavailable (exit 3) when the kernel cannot run here.
+    """
+    from alibi import atomic
+    from alibi.governance.manifest import write_manifest
+    from alibi.model.runner import load_model
+    from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
+
+    prompts = load_prompts(prompts_dir)
+    span = resolve_span(prompts, windows, context, positions, prompts_dir)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    inputs = open_inputs(model_dir, prompts)
+    lm = load_model(model_dir, kernel, device)
+    label = arm or (lm.kernel.name if lm.kernel is not None else "dense")
+    if progress:
+        progress(f"teacher-forced replay: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
+                 f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens of context")
+    records = replay_windows(lm, prompts.input_ids, span, progress)
+    result = ArmRecords(kernel=lm.kernel.name if lm.kernel is not None else None, context=span.context,
+                        positions=span.positions, windows=span.windows, records=records)
+    with atomic.staged_dir(out) as stage:
+        write_records(result, stage)
+        write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {"replay": "teacher-forced",
+                                                                           **span.as_dict()}))
+    return result
+
+
+# --- two arms, each in a fresh process -----------------------------------------------------------
+
+PAIR_LAYOUT = {"arm-a": "arm a's records.json + manifest.json", "arm-b": "arm b's records.json + manifest.json",
+               "flips": "alibi analyze flips arm-a arm-b"}
+
+
+def alibi_command(*args: str) -> list[str]:
+    """argv running `python -m alibi ARGS` with this interpreter."""
+    return [sys.executable, "-m", "alibi", *args]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a fresh child process: this one's, with this toolkit first on PYTHONPATH
+    (so the child runs the same code even from another working directory)."""
+    import alibi
+
+    root = str(Path(alibi.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_child(argv: list[str], what: str, cwd: str | os.PathLike | None = None) -> int:
+    """Run `argv` as a fresh process (its stderr passes through, its stdout goes to our stderr); its exit code."""
+    import subprocess
+
+    # The child's stdout (its one-line summary, naming the staging folder) goes to our stderr: the
+    # parent prints its own summary, and stdout stays free of lines about temporary folders.
+    done = subprocess.run(argv, env=child_env(), cwd=cwd, check=False, stdout=subprocess.PIPE, text=True)
+    if done.stdout:
+        print(done.stdout, end="", file=sys.stderr)
+    if done.returncode != 0:
+        print(f"alibi: {what} exited with code {done.returncode}", file=sys.stderr)
+    return done.returncode
+
+
+def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+             kernel_a: str, kernel_b: str, windows: int | None = None, context: int | None = None,
+             positions: int | None = None, device: str | None = None, overwrite: bool = False,
+             quiet: bool = False) -> int:
+    """Both arms, each in a fresh process (`OUT/arm-a`, `OUT/arm-b`), then the flip analysis into
+    `OUT/flips`; the whole folder appears only if every step succeeded. Returns the exit code of
+    the first step that failed (0 when all succeeded).
+    """
+    from alibi import atomic
+    from alibi.governance.manifest import write_manifest
+    from alibi.replay.setup import check_output, combined_predicate, load_prompts, resolve_span
+
+    from alibi.replay.setup import stderr_progress
+
+    progress = stderr_progress(quiet)
+    model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
+    prompts = load_prompts(prompts_dir)
+    span = resolve_span(prompts, windows, context, positions, prompts_dir)  # fail here, before any process starts
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    common = ["--model", str(model_dir), "--prompts", str(prompts_dir)]
+    for flag, value in (("--windows", windows), ("--context", context), ("--positions", positions),
+                        ("--device", device)):
+        if value is not None:
+            common += [flag, str(value)]
+    if quiet:
+        common.append("--quiet")
+    try:
+        with atomic.staged_dir(out) as stage:
+            for label, kernel in (("a", kernel_a), ("b", kernel_b)):
+                code = run_child(alibi_command("replay", "teacher-forced", *common, "--kernel", kernel, "--arm", label,
+                                               "--out", str(stage / f"arm-{label}")), f"arm {label} ({kernel})")
+                if code:
+                    raise StepFailed(code)
+            code = analyze_flips_in(stage, progress)
+            if code:
+                raise StepFailed(code)
+            write_manifest(stage, "replay", combined_predicate(
+                {"a": stage / "arm-a", "b": stage / "arm-b"},
+                {"replay": "teacher-forced-pair", **span.as_dict(), "layout": PAIR_LAYOUT}))
+    except StepFailed as failed:
+        return failed.code
+    return 0
+
+
+class StepFailed(Exception):
+    """Unwinds the staging folder (nothing is written) carrying the failed step's exit code."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def analyze_flips_in(folder: Path, progress: Progress | None = None) -> int:
+    """The flip analysis of `folder/arm-a` against `folder/arm-b` into `folder/flips`.
+
+    It runs with `folder` as the working directory and relative paths, so the analysis records
+    the arms as `arm-a` and `arm-b` rather than by the staging folder's temporary name. Through
+    `alibi.stats.flips.analyze_flips` when that library is present (its IdentityViolation, exit 1,
+    and InputError, exit 2, propagate), else as `python -m alibi analyze flips` in a child process.
+    """
+    import contextlib
+
+    try:
+        from alibi.stats.flips import analyze_flips
+    except ImportError:
+        return run_child(alibi_command("analyze", "flips", "arm-a", "arm-b", "--out", "flips"), "the flip analysis",
+                         cwd=folder)
+    with contextlib.chdir(folder):
+        analyze_flips("arm-a", "arm-b", "flips", progress=progress)
+    return 0
