@@ -49,6 +49,20 @@ and cannot be called from an interpreted kernel. The kernels here therefore use 
 toward zero (for bfloat16, what a plain `.to(tl.bfloat16)` computes under the interpreter). It declares
 `a_then_w + add_after_cast` all the same, so the epilogue-model conformance check must catch it: its outputs
 differ from the model by one ulp on some elements (without a bias, never by more).
+
+Native fault variants (positive controls, `alibi.kernels.mutants`) are constexpr switches of a second
+kernel, `faulty_scaled_mm_kernel`, so `scaled_mm_kernel` itself stays exactly as described above:
+
+* `FP32_ACC`: an fp32 accumulator. Each `FAULT_PART_K` = 128 elements of K form one exact int32
+  partial (`tl.dot` over ≤ 1024 int8 products cannot round), which is converted to fp32 and added
+  into an fp32 running sum: RN32 at every addition, in K order. Both back ends execute that
+  identically (int32 → fp32 conversion and fp32 addition are round-to-nearest-even on both).
+* `SPLIT_K` > 1: split-K with fp32 partial sums: K is cut into `SPLIT_K` contiguous ranges of
+  ceil(K / SPLIT_K) elements, each reduced exactly in int32, converted to fp32 and summed in fp32
+  in range order. (One program walks its ranges in turn, so the fp32 reduction order is fixed; a
+  real split-K launch reduces its partials in the same way but in whatever order they arrive.)
+* `SCALE_BF16`: the weight scale rounded to bfloat16 (nearest even, by the same integer bit
+  arithmetic as the output cast) before it is applied.
 """
 
 import contextlib
@@ -129,6 +143,10 @@ def block_config(M: int, N: int, capability: tuple[int, int] | None) -> BlockCon
     return BlockConfig(128, 128, 128)
 
 
+# K elements per int32 partial of the FP32_ACC fault variant (one fp32 addition per partial).
+FAULT_PART_K: tl.constexpr = tl.constexpr(128) if TRITON_IMPORT_ERROR is None else 128
+
+
 # --- the epilogue's rounding steps (shared with triton_fp8.py) ----------------------------------
 
 @triton.jit
@@ -164,6 +182,38 @@ def output_bits_to_fp32(bits, OUT_BF16: tl.constexpr):
         return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def bf16_rounded_fp32(x):
+    """The fp32 value of `x` rounded to bfloat16, nearest even (finite positive scales: no NaN case)."""
+    u = x.to(tl.uint32, bitcast=True)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int32_partials_summed_in_fp32(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K, part_k,
+                                  stride_am, stride_ak, stride_wn, stride_wk,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Σ over consecutive K ranges of `part_k` elements of RN32(exact int32 partial), summed in fp32 in order.
+
+    Fault variants only (FP32_ACC, SPLIT_K): a partial of ≤ 131,071 products is exact in int32; its
+    conversion and every fp32 addition round to nearest even on both back ends.
+    """
+    accf = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+    for p in range((K + part_k - 1) // part_k):
+        k0 = p * part_k
+        part = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+        for kb in range((part_k + BLOCK_K - 1) // BLOCK_K):
+            kk = k0 + kb * BLOCK_K + offs_k
+            mask_k = (kk < k0 + part_k) & (kk < K)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :] * stride_ak,
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            part = tl.dot(a, w, part, out_dtype=tl.int32)
+        accf += part.to(tl.float32)
+    return accf
 
 
 # --- the kernel ---------------------------------------------------------------------------------
@@ -229,6 +279,89 @@ def scaled_mm_kernel(
         tl.store(out_ptrs, c, mask=out_mask)
 
 
+@triton.jit
+def faulty_scaled_mm_kernel(
+    a_ptr, w_ptr,                # operands: A [M,K], W [N,K], both int8 (or both fp8 e4m3)
+    s_a_ptr, s_w_ptr, bias_ptr,  # fp32 scales; fp32 bias (widened on the host), unused without HAS_BIAS
+    out_ptr,                     # int16 view of the [M,N] output, or int32/fp32 [M,N] when STORE_ACC
+    M, N, K,
+    stride_am, stride_ak, stride_wn, stride_wk, stride_om, stride_on,
+    stride_sa, stride_sw,        # 0 for a per-tensor ([1]) scale, else the scale's element stride
+    ACC_DTYPE: tl.constexpr,     # tl.int32 for int8 operands, tl.float32 for fp8
+    HAS_BIAS: tl.constexpr,
+    OUT_BF16: tl.constexpr,      # bfloat16 output (else float16)
+    TRUNCATE: tl.constexpr,      # the faulty mutant: round toward zero in every output conversion
+    STORE_ACC: tl.constexpr,     # store the raw accumulator and skip the epilogue
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FP32_ACC: tl.constexpr,    # fp32 accumulator (see the module docstring)
+    SPLIT_K: tl.constexpr,     # split-K with fp32 partial sums when > 1
+    SCALE_BF16: tl.constexpr,  # the weight scale rounded to bfloat16
+):
+    """`scaled_mm_kernel` with the native fault switches (positive controls; int8 operands only).
+
+    A separate kernel, so that the correct one stays exactly as it is (its signature is pinned by a
+    compile test); with every switch off this computes what `scaled_mm_kernel` computes.
+    """
+    # Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together.
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: see "triton's own jit functions" above
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # int64 offsets: M·K and N·K of real layers overflow int32 element offsets.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
+
+    if FP32_ACC or SPLIT_K > 1:
+        if FP32_ACC:
+            part_k = FAULT_PART_K
+        else:
+            part_k = (K + SPLIT_K - 1) // SPLIT_K
+        accf = int32_partials_summed_in_fp32(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K, part_k,
+                                             stride_am, stride_ak, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = accf.to(tl.int32)  # exposed accumulator: integer-valued fp32 below 2^31, converted exactly
+    else:
+        acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
+        for k in range((K + BLOCK_K - 1) // BLOCK_K):
+            mask_k = offs_k < K - k * BLOCK_K
+            # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
+            # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
+            a_ptrs += BLOCK_K * stride_ak
+            w_ptrs += BLOCK_K * stride_wk
+
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if STORE_ACC:
+        tl.store(out_ptrs, acc, mask=out_mask)
+    else:
+        s_a = tl.load(s_a_ptr + offs_m * stride_sa, mask=mask_m, other=1.0)
+        s_w = tl.load(s_w_ptr + offs_n * stride_sw, mask=mask_n, other=1.0)
+        if SCALE_BF16:
+            s_w = bf16_rounded_fp32(s_w)
+        if FP32_ACC or SPLIT_K > 1:
+            y = s_a[:, None] * accf
+        else:
+            y = s_a[:, None] * acc.to(tl.float32)   # RN32(s_a · float(acc)): activation scale first
+        y = s_w[None, :] * y                    # RN32(s_w · ·)
+        c = round_to_output_bits(y, OUT_BF16, TRUNCATE)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)
+            c = round_to_output_bits(output_bits_to_fp32(c, OUT_BF16) + bias[None, :], OUT_BF16, TRUNCATE)
+        tl.store(out_ptrs, c, mask=out_mask)
+
+
 # --- the launcher -------------------------------------------------------------------------------
 
 def interpreted() -> bool:
@@ -249,11 +382,13 @@ def _scale_stride(scale: torch.Tensor, rows: int, label: str) -> int:
 
 def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: torch.Tensor | None,
            bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, *,
-           truncate: bool = False, store_acc: bool = False) -> tuple[torch.Tensor, BlockConfig]:
+           truncate: bool = False, store_acc: bool = False, fp32_acc: bool = False, split_k: int = 1,
+           scale_bf16: bool = False) -> tuple[torch.Tensor, BlockConfig]:
     """Run `scaled_mm_kernel` on A [M,K] and W [N,K] (int8, or fp8 e4m3); returns (result, tiling).
 
     The result is the `out_dtype` [M,N] output, or with `store_acc` the raw accumulator (int32 for
     int8 operands, fp32 for fp8), for which the scales, bias and out_dtype are ignored.
+    `fp32_acc`, `split_k` > 1 and `scale_bf16` select the native fault variants (int8 operands only).
     """
     if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
         raise InputError(f"operands must be A [M,K] and W [N,K]; got {list(a_q.shape)} and {list(w_q.shape)}")
@@ -264,6 +399,9 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
     M, K = a_q.shape
     N = w_q.shape[0]
     is_int8 = a_q.dtype == torch.int8
+    if (fp32_acc or split_k != 1 or scale_bf16) and (not is_int8 or split_k < 1 or (fp32_acc and split_k != 1)):
+        raise InputError(f"fault variants need int8 operands and one of fp32_acc or split_k ≥ 2; got "
+                         f"{a_q.dtype}, fp32_acc={fp32_acc}, split_k={split_k}")
     device = a_q.device
     cfg = block_config(M, N, _capability(device))
     if store_acc:
@@ -280,13 +418,19 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
             raise InputError(f"bias must have shape [{N}], got {list(bias.shape)}")
         bias = bias.to(torch.float32).contiguous()  # exact widening; see the module docstring
     placeholder = store  # a valid pointer for arguments the constexpr switches leave unread
+    # Any fault switch selects `faulty_scaled_mm_kernel`; without one the correct kernel launches as before.
+    faults = {**({"FP32_ACC": True} if fp32_acc else {}), **({"SPLIT_K": split_k} if split_k != 1 else {}),
+              **({"SCALE_BF16": True} if scale_bf16 else {})}
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     launch_opts = {k: v for k, v in (("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)) if v}
     # Under the interpreter numpy warns when a multiply or cast overflows to inf; inf is the IEEE
     # result the GPU gives silently, so those warnings are muted for the launch.
     quiet = np.errstate(over="ignore", invalid="ignore") if interpreted() else contextlib.nullcontext()
+    kernel = faulty_scaled_mm_kernel if faults else scaled_mm_kernel
+    if faults:
+        faults = {"FP32_ACC": False, "SPLIT_K": 1, "SCALE_BF16": False, **faults}
     with quiet:
-        scaled_mm_kernel[grid](
+        kernel[grid](
             a_q, w_q,
             s_a if s_a is not None else placeholder, s_w if s_w is not None else placeholder,
             bias if bias is not None else placeholder,
@@ -297,7 +441,7 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
             HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16,
             TRUNCATE=truncate, STORE_ACC=store_acc,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            **launch_opts,
+            **faults, **launch_opts,
         )
     return out, cfg
 
