@@ -28,6 +28,10 @@ _BUILTIN: dict[str, str] = {
     "cutlass-fp8": "alibi.kernels.fp8:CutlassFp8Kernel",
     "cublaslt-fp8": "alibi.kernels.fp8:CublasLtFp8Kernel",
     "cublaslt-fp8-tensorwise": "alibi.kernels.fp8:CublasLtFp8TensorwiseKernel",
+    # vLLM's own ops, from an installed vllm or ALIBI_VLLM_OPS / ALIBI_VLLM_TRITON (alibi/kernels/vllm.py)
+    "vllm-cutlass": "alibi.kernels.vllm:VllmCutlassInt8Kernel",
+    "vllm-triton": "alibi.kernels.vllm:VllmTritonKernel",
+    "vllm-cutlass-fp8": "alibi.kernels.vllm:VllmCutlassFp8Kernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 
