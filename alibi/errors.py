@@ -5,6 +5,8 @@ toolkit refuses (exit 2) and for kernels that cannot run on this machine (exit 3
 the offending input and say what to do; the CLI prints them on one line.
 """
 
+import reprlib
+
 
 class InputError(ValueError):
     """Bad input or usage: a malformed tile, an unknown name, an unwritable path (exit code 2)."""
@@ -16,3 +18,52 @@ class KernelUnavailable(RuntimeError):
     """A requested kernel cannot run here: no CUDA, no nvcc, a missing package (exit code 3)."""
 
     exit_code = 3
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that could break a one-line message escaped.
+
+    Control characters (C0, DEL, C1, and the Unicode line and paragraph separators) become
+    `\\n`, `\\t`, `\\x1b`, `\\u2028`…; a lone surrogate — how Python carries a byte of a file name
+    that is not UTF-8 — becomes `\\xNN`, the byte itself, so the name can be found and printing
+    it cannot fail. Everything else (accents, CJK, symbols) is kept as is.
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0:
+            out.append(f"\\x{code:02x}")
+        elif code in (0x2028, 0x2029):
+            out.append(f"\\u{code:04x}")
+        elif 0xDC80 <= code <= 0xDCFF:  # surrogateescape'd byte of a non-UTF-8 name
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)` on one line and at most `limit` characters, for quoting input in a message.
+
+    A value from the input can be arbitrarily long (or expand, like a YAML alias bomb); an error
+    message quotes only its beginning.
+    """
+    text = one_line(_BOUNDED.repr(value))  # reprlib: never renders more than a few items of a container
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _bounded_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 6, 6, 6, 6
+    r.maxstring = r.maxother = r.maxlong = 120
+    return r
+
+
+_BOUNDED = _bounded_repr()

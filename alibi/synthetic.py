@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
+from alibi.limits import check_gemm_size, check_seed
 from alibi.quant import (
     quantize_per_token,
     quantize_weight_per_channel,
@@ -106,8 +107,11 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
         raise InputError(f"unknown synthetic preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
     rows = p.M if M is None else M
-    if rows < 1:
-        raise InputError(f"synthetic M must be at least 1, got {rows}")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise InputError(f"synthetic M (--rows) must be a positive integer, got {rows!r}")
+    check_seed(seed, "the seed (--seed)")
+    for kind, K, N in p.block:  # before anything is drawn: --rows 10**9 must not allocate
+        check_gemm_size(rows, K, N, f"synthetic preset {preset} at M={rows} ({kind})")
     gen = torch.Generator().manual_seed(seed)
     if preset in PROBES:
         return [_probe_tile(gen, rows, p.block[0][1], p.block[0][2], p.bias, preset, seed)]

@@ -33,8 +33,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from alibi import atomic
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line, shown
+from alibi.limits import check_gemm_size
 from alibi.numerics import FLOAT_DTYPES, dtype_name
+from alibi.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
 BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -164,58 +166,60 @@ def save_tile(tile: Tile, path: str | Path) -> Path:
     return atomic.write_bytes(path, tile_bytes(tile))
 
 
-def _read_metadata(path: Path) -> dict[str, str]:
-    raw = path.read_bytes()
-    if len(raw) < 8:
-        raise InputError(f"{path}: not a safetensors file (only {len(raw)} bytes)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > len(raw) - 8:
-        raise InputError(f"{path}: truncated or not a safetensors file (header claims {n} bytes)")
-    try:
-        header = json.loads(raw[8:8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise InputError(f"{path}: not a safetensors file (unreadable header)") from None
-    return dict(header.get("__metadata__") or {})
-
-
 def load_tile(path: str | Path) -> Tile:
-    """Read and validate one tile file; InputError names the file and what is wrong."""
+    """Read and validate one tile file; InputError names the file and what is wrong.
+
+    The header is read and checked first (`alibi.safetensors_header`: only its bytes are read, and
+    every malformation is an InputError), then the tensor names and the GEMM's size against the
+    element budget (`alibi.limits`), and only then are the tensors loaded.
+    """
     path = Path(path)
+    where = one_line(str(path))
     if not path.is_file():
-        raise InputError(f"{path}: no such tile file")
-    metadata = _read_metadata(path)
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{path}: truncated or not a safetensors file ({exc})") from None
-    missing = [k for k in ("a_q", "s_a", "w_q", "s_w") if k not in tensors]
+        raise InputError(f"{where}: no such tile file")
+    header = read_header(path, "tile")
+    metadata = dict(header.metadata)
+    missing = [k for k in ("a_q", "s_a", "w_q", "s_w") if k not in header.tensors]
     if missing:
-        raise InputError(f"{path}: missing tensor(s) {', '.join(missing)}; a tile needs a_q, s_a, w_q, s_w")
-    extra = sorted(set(tensors) - _KNOWN_TENSORS)
+        raise InputError(f"{where}: missing tensor(s) {', '.join(missing)}; a tile needs a_q, s_a, w_q, s_w")
+    extra = sorted(set(header.tensors) - _KNOWN_TENSORS)
     if extra:
-        raise InputError(f"{path}: unknown tensor(s) {', '.join(extra)}; a tile holds a_q, s_a, w_q, s_w, bias")
+        raise InputError(f"{where}: unknown tensor(s) {one_line(', '.join(extra))[:200]}; a tile holds a_q, s_a, w_q, "
+                         "s_w, bias")
+    a_shape, w_shape = header.tensors["a_q"].shape, header.tensors["w_q"].shape
+    if len(a_shape) == 2 and len(w_shape) == 2:
+        check_gemm_size(a_shape[0], a_shape[1], w_shape[0], where)
     out_name = metadata.pop("out_dtype", "bfloat16")
     if out_name not in OUT_DTYPES:
-        raise InputError(f"{path}: out_dtype {out_name!r} is not supported; use bfloat16 or float16")
+        raise InputError(f"{where}: out_dtype {shown(out_name)} is not supported; use bfloat16 or float16")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
+        raise InputError(f"{where}: truncated or not a safetensors file ({one_line(str(exc))[:200]})") from None
     name = metadata.pop("name", path.stem)
     tile = Tile(name=name, a_q=tensors["a_q"], s_a=tensors["s_a"], w_q=tensors["w_q"], s_w=tensors["s_w"],
                 bias=tensors.get("bias"), out_dtype=OUT_DTYPES[out_name], meta=metadata)
-    return tile.validate(origin=str(path))
+    return tile.validate(origin=where)
 
 
 def load_tile_dir(folder: str | Path) -> list[Tile]:
     """Every `*.safetensors` tile in `folder` (sorted by file name); an empty folder is an error."""
     folder = Path(folder)
+    where = one_line(str(folder))
     if not folder.is_dir():
-        raise InputError(f"{folder}: not a folder of tiles")
-    paths = sorted(folder.glob("*.safetensors"))
+        raise InputError(f"{where}: not a folder of tiles")
+    try:
+        paths = sorted(p for p in folder.glob("*.safetensors") if not p.name.startswith("."))
+    except OSError as exc:
+        raise InputError(f"{where}: cannot list the folder ({exc.strerror})") from None
     if not paths:
-        raise InputError(f"{folder}: holds no *.safetensors tiles")
+        raise InputError(f"{where}: holds no *.safetensors tiles")
     tiles = [load_tile(p) for p in paths]
     names = [t.name for t in tiles]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise InputError(f"{folder}: several tiles share the name(s) {', '.join(dupes)}; names must be unique")
+        raise InputError(f"{one_line(str(folder))}: several tiles share the name(s) {one_line(', '.join(dupes))[:200]}; "
+                         "names must be unique")
     return tiles
 
 
