@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -17,6 +18,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=0, help="which window of the prompt set (default 0)")
     p.add_argument("--kernel", default="torch-cpu", help="kernel the quantized Linears call (default torch-cpu)")
     p.add_argument("--device", help="device for the model (default: the kernel's)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,11 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.set_defaults(func=overhead)
 
 
+def _progress(args: argparse.Namespace):
+    return None if args.quiet else (lambda line: print(f"alibi {args.command}: {line}", file=sys.stderr, flush=True))
+
+
 def run(args: argparse.Namespace) -> int:
     from alibi.model.capture import capture_to_folder
 
     result = capture_to_folder(args.model, args.prompts, args.out, tokens=args.tokens, window=args.window,
-                               kernel=args.kernel, device=args.device)
+                               kernel=args.kernel, device=args.device, progress=_progress(args))
     print(f"captured {len(result.files)} tiles at M={result.tokens} into {result.folder} (manifest.json pins each)")
     return 0
 
@@ -46,16 +52,20 @@ def overhead(args: argparse.Namespace) -> int:
     from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.environment import environment_record
-    from alibi.model.capture import capture_overhead
+    from alibi.model.capture import capture_overhead, require_quantized
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model
 
+    require_quantized(args.model)
     prompts = load_prompt_set(args.prompts)
     tokens = prompts.tokens if args.tokens is None else args.tokens
     if not 0 <= args.window < prompts.windows or not 1 <= tokens <= prompts.tokens:
         raise InputError(f"--window/--tokens out of range for {args.prompts} ({prompts.windows}×{prompts.tokens})")
     lm = load_model(args.model, args.kernel, args.device)
     ids = prompts.input_ids[args.window, :tokens].reshape(1, -1)
+    say = _progress(args)
+    if say:
+        say(f"timing {args.repeats} forwards of M={tokens} with and without capture (after one warm-up each)")
     result = capture_overhead(lm, ids, args.repeats)
     doc = {**asdict(result), "kernel": lm.kernel.name, "device": str(lm.device), "environment": environment_record()}
     print(f"forward M={result.tokens} with {lm.kernel.name}: {result.plain_s:.3f}s plain, {result.capture_s:.3f}s "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
 
@@ -14,6 +16,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="device for the model (default: the kernel's, CPU for dense)")
     p.add_argument("--windows", type=int, help="use only the first N windows (default all)")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.set_defaults(func=generate)
 
 
+def _say(args: argparse.Namespace, line: str) -> None:
+    if not args.quiet:
+        print(f"alibi eval {args.eval_command}: {line}", file=sys.stderr, flush=True)
+
+
+def _window_progress(args: argparse.Namespace, what: str):
+    """A per-window progress callback for `alibi.model.evaluate`, or None under --quiet."""
+    if args.quiet:
+        return None
+    return lambda done, total, seconds: _say(args, f"[{done}/{total}] {what} ({seconds:.1f} s)")
+
+
 def _load(args: argparse.Namespace):
     from alibi.errors import InputError
     from alibi.model.checkpoint import verified_checkpoint
@@ -40,7 +55,10 @@ def _load(args: argparse.Namespace):
         raise InputError(f"--windows must be positive (got {args.windows})")
     checked = verified_checkpoint(args.model)
     require_tokenizer_match(prompts, args.model)
+    start = time.perf_counter()
     lm = load_model(args.model, args.kernel, args.device)
+    _say(args, f"loaded {args.model} ({'kernel ' + lm.kernel.name if lm.kernel else 'dense bf16'}, {lm.device}) in "
+               f"{time.perf_counter() - start:.1f} s")
     record = {"model": str(args.model), "model_tensors_sha256": checked["tensors_sha256"],
               "prompts": str(args.prompts), "prompts_sha256": prompts.digest,
               "kernel": lm.kernel.name if lm.kernel else None, "device": str(lm.device)}
@@ -60,7 +78,8 @@ def perplexity(args: argparse.Namespace) -> int:
     from alibi.model.evaluate import perplexity as run
 
     lm, prompts, record = _load(args)
-    result = run(lm, prompts, args.windows)
+    scored = _window_progress(args, f"windows of {prompts.tokens} tokens scored")
+    result = run(lm, prompts, args.windows, progress=scored)
     print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens "
           f"({len(result.per_window)} windows × {prompts.tokens}; {result.seconds:.1f}s) — "
           f"{record['model']} with {record['kernel'] or 'dense bf16'}")
@@ -77,7 +96,12 @@ def generate(args: argparse.Namespace) -> int:
         raise InputError(f"--prompt-tokens must be in 1..{prompts.tokens} and --new-tokens positive")
     decode = _decoder(args.model)
     rows = []
-    for c in greedy_continuations(lm, prompts, args.prompt_tokens, args.new_tokens, args.windows):
+    start = time.perf_counter()
+    continued = _window_progress(args, f"prompts continued by {args.new_tokens} tokens")
+    continuations = greedy_continuations(lm, prompts, args.prompt_tokens, args.new_tokens, args.windows,
+                                         progress=continued)
+    seconds = time.perf_counter() - start
+    for c in continuations:
         prompt_ids = prompts.input_ids[c.window, : c.prompt_tokens].tolist()
         row = {"window": c.window, "prompt_tokens": c.prompt_tokens, "ids": list(c.ids)}
         if decode:
@@ -85,7 +109,11 @@ def generate(args: argparse.Namespace) -> int:
             row["text"] = decode(list(c.ids))
         rows.append(row)
         print(f"[{c.window}] …{row.get('prompt_tail', '')[-60:]!r} → {row.get('text', list(c.ids))!r}")
-    _emit(args, {**record, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "sequences": rows})
+    generated = len(continuations) * args.new_tokens
+    print(f"generated {len(continuations)} × {args.new_tokens} tokens greedily in {seconds:.1f}s "
+          f"({generated / max(seconds, 1e-9):.1f} tokens/s) — {record['model']} with {record['kernel'] or 'dense bf16'}")
+    _emit(args, {**record, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "seconds": seconds,
+                 "sequences": rows})
     return 0
 
 

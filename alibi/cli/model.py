@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-
-from alibi.model.gguf_source import SOURCES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="prepare and inspect model checkpoints")
     ms = p.add_subparsers(dest="model_command", required=True, parser_class=type(p))
     prep = ms.add_parser("prepare", help="convert a pinned GGUF model into bf16 and W8A8 checkpoints")
-    prep.add_argument("name", help=f"model to prepare: {', '.join(sorted(SOURCES))}")
+    prep.add_argument("name", help="pinned model to prepare, e.g. smollm2-135m (an unknown name lists them all)")
     prep.add_argument("--out", type=Path, required=True, help="output folder (gets bf16/ and w8a8/)")
     prep.add_argument("--gguf", type=Path, help="the GGUF file itself (default: the one inside the installed package)")
     prep.add_argument("--scale-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                       help="dtype of the stored weight scales (default bfloat16, as llm-compressor writes them)")
+    prep.add_argument("--quiet", action="store_true", help="no progress lines")
     prep.set_defaults(func=prepare)
     info = ms.add_parser("info", help="describe a checkpoint folder (dense or W8A8) and check its manifest")
     info.add_argument("folder", type=Path)
@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def prepare(args: argparse.Namespace) -> int:
     from alibi.model.prepare import prepare_model
 
-    p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype)
+    progress = None if args.quiet else (lambda line: print(f"alibi model prepare: {line}", file=sys.stderr, flush=True))
+    p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype, progress=progress)
     print(f"bf16 checkpoint: {p.bf16}  (tensors {p.bf16_digests['weights'][:16]}…)")
     print(f"W8A8 checkpoint: {p.w8a8}  ({p.quantized_linears} quantized Linears, tensors {p.w8a8_digests['weights'][:16]}…)")
     print(f"tokenizer {p.w8a8_digests['tokenizer'][:16]}…; every file is pinned in each folder's manifest.json")

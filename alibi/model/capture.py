@@ -17,7 +17,7 @@ digests, the kernel and the environment.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -128,10 +128,25 @@ class CaptureResult:
     tokens: int
 
 
+def require_quantized(model_dir: str | Path) -> None:
+    """InputError unless `model_dir` is a W8A8 checkpoint: only quantized Linears hand operands to a kernel."""
+    from alibi.errors import InputError
+    from alibi.model.checkpoint import read_config
+
+    if "quantization_config" not in read_config(model_dir):
+        raise InputError(f"{model_dir}: is a dense checkpoint, with no quantized Linears whose operands could be "
+                         "captured; pass a W8A8 checkpoint (e.g. OUT/w8a8 of `alibi model prepare`)")
+
+
 def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str | Path, *, tokens: int | None = None,
-                      window: int = 0, kernel: str = "torch-cpu", device: str | None = None) -> CaptureResult:
+                      window: int = 0, kernel: str = "torch-cpu", device: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> CaptureResult:
     """Run one prefill of the first `tokens` tokens (default: all) of prompt window `window` and
-    write every quantized Linear's operands as tiles, with a `capture` manifest, to `out` (atomically)."""
+    write every quantized Linear's operands as tiles, with a `capture` manifest, to `out` (atomically).
+
+    progress: called with one line per stage (with the seconds since the start)."""
+    import time
+
     from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.manifest import (
@@ -147,6 +162,13 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
 
     atomic.check_writable_dir(out)
     model_dir = Path(model_dir)
+    start = time.perf_counter()
+
+    def say(stage: str) -> None:
+        if progress:
+            progress(f"{stage} ({time.perf_counter() - start:.1f} s)")
+
+    require_quantized(model_dir)
     prompts = load_prompt_set(prompts_dir)
     if not 0 <= window < prompts.windows:
         raise InputError(f"--window {window} is out of range: {prompts_dir} has windows 0..{prompts.windows - 1}")
@@ -155,10 +177,13 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
         raise InputError(f"--tokens {tokens} is out of range: {prompts_dir} has {prompts.tokens} tokens per window")
     checkpoint = verified_checkpoint(model_dir)
     require_tokenizer_match(prompts, model_dir)
+    say(f"verified {model_dir} and {prompts_dir}")
     lm = load_model(model_dir, kernel, device)
+    say(f"loaded the model with kernel {lm.kernel.name} on {lm.device}")
     ids = prompts.input_ids[window, :tokens].reshape(1, -1)
     with OperandRecorder(lm) as recorder:
         lm.logits(ids)
+    say(f"ran the prefill of window {window} (M = {tokens}): {len(recorder.calls)} Linear calls recorded")
     meta = {"model_tensors_sha256": checkpoint.get("tensors_sha256", ""), "prompts_sha256": prompts.digest,
             "window": str(window), "tokens": str(tokens), "kernel": lm.kernel.name}
     tiles = recorder.tiles(meta)
@@ -173,6 +198,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
                         "layers": len({t.meta["layer"] for t in tiles}), "device": str(lm.device),
                         "model_tensors_digest": digest_set(checkpoint["tensors_sha256"]),
                         "checkpoint_verified_against_manifest": checkpoint["verified"]}))
+        say(f"wrote {len(files)} tiles and the manifest")
     return CaptureResult(Path(out), tuple(files), tokens)
 
 

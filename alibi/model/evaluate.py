@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from alibi.model.prompts import PromptSet
 from alibi.model.runner import LoadedModel
+
+# Called after each window with (windows done, windows in all, seconds since the start).
+Progress = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,16 @@ def window_nll(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, target, reduction="none").cpu()
 
 
-def perplexity(lm: LoadedModel, prompts: PromptSet, windows: int | None = None) -> Perplexity:
+def perplexity(lm: LoadedModel, prompts: PromptSet, windows: int | None = None,
+               progress: Progress | None = None) -> Perplexity:
     """Perplexity of `lm` on the first `windows` windows of `prompts` (all by default)."""
     n = prompts.windows if windows is None else min(windows, prompts.windows)
     start = time.perf_counter()
-    nlls = [window_nll(lm, prompts.input_ids[i]) for i in range(n)]
+    nlls = []
+    for i in range(n):
+        nlls.append(window_nll(lm, prompts.input_ids[i]))
+        if progress:
+            progress(i + 1, n, time.perf_counter() - start)
     seconds = time.perf_counter() - start
     allnll = torch.cat(nlls).double()
     mean = float(allnll.mean())
@@ -61,8 +70,14 @@ class Continuation:
 
 
 def greedy_continuations(lm: LoadedModel, prompts: PromptSet, prompt_tokens: int, new_tokens: int,
-                         windows: int | None = None) -> list[Continuation]:
+                         windows: int | None = None, progress: Progress | None = None) -> list[Continuation]:
     """Greedy `new_tokens` after the first `prompt_tokens` tokens of each window."""
     n = prompts.windows if windows is None else min(windows, prompts.windows)
-    return [Continuation(i, prompt_tokens, tuple(lm.greedy(prompts.input_ids[i, :prompt_tokens], new_tokens).tolist()))
-            for i in range(n)]
+    start = time.perf_counter()
+    out = []
+    for i in range(n):
+        ids = lm.greedy(prompts.input_ids[i, :prompt_tokens], new_tokens)
+        out.append(Continuation(i, prompt_tokens, tuple(ids.tolist())))
+        if progress:
+            progress(i + 1, n, time.perf_counter() - start)
+    return out

@@ -1,7 +1,10 @@
 """The per-layer prediction list of a capture: computed from the tiles alone, pinned by a digest.
 
 For every tile the exact emulator (`alibi.emulator.predict_tile`) gives max|acc|, the headroom
-below 2²⁴ and whether the layer is predicted bitwise-safe. The list is a pure function of the
+below 2²⁴ and whether the layer is predicted bitwise-safe — which means that its accumulator
+enters fp32 exactly (int32 cannot overflow and every |acc| ≤ 2²⁴), not that two kernels give
+the same bits: their epilogues may still round differently unless the weight scales are powers
+of two (`summary.bitwise_safe` counts such layers). The list is a pure function of the
 tile files — no clock, no machine — so its `digest` (sha256 of the canonical JSON of everything
 but the digest itself) is the same wherever it is recomputed, and can be pinned in a
 pre-registration before any kernel is compared on the capture.

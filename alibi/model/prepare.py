@@ -13,6 +13,8 @@ complete.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,23 +58,33 @@ def _digest_params(digests) -> dict:
 
 
 def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
-                  scale_dtype: str = "bfloat16") -> Prepared:
+                  scale_dtype: str = "bfloat16", progress: Callable[[str], None] | None = None) -> Prepared:
     """Convert the pinned model `name` (GGUF from its package, or `gguf`) into `out`/bf16 and `out`/w8a8.
 
     scale_dtype: the dtype the W8A8 checkpoint stores its weight scales in (`bfloat16` as
-    llm-compressor writes them for a bf16 model, or `float32`).
+    llm-compressor writes them for a bf16 model, or `float32`). progress: called with one line
+    per stage (with the seconds since the start).
     """
     if scale_dtype not in SCALE_DTYPES:
         from alibi.errors import InputError
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
     atomic.check_writable_dir(out)
+    start = time.perf_counter()
+
+    def say(stage: str) -> None:
+        if progress:
+            progress(f"{stage} ({time.perf_counter() - start:.1f} s)")
+
     source, g = open_source(name, gguf)
+    say(f"verified {source.filename} (sha256 {source.sha256[:16]}…)")
     config = llama_config(g)
     tensors = dense_state_dict(g, torch.bfloat16)
     tokenizer = tokenizer_files_from_gguf(g.metadata, str(g.path))
     provenance = gguf_provenance(source)
+    say(f"dequantized {len(tensors)} tensors to bf16 and built the tokenizer")
     w8a8 = quantize_dense(config, tensors, scale_dtype=SCALE_DTYPES[scale_dtype])
     w8a8_tensors = w8a8.tensors()
+    say(f"quantized {len(w8a8.linears)} Linears to W8A8")
     with atomic.staged_dir(out) as stage:
         bf16_dir, w8a8_dir = stage / BF16_DIR, stage / W8A8_DIR
         bf16_dir.mkdir()
@@ -91,5 +103,6 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
                         "scale_dtype": dtype_name(SCALE_DTYPES[scale_dtype]),
                         "quantized_linears": len(w8a8.linears), "source": provenance,
                         **_digest_params(w8a8_digests)}))
+        say("wrote and pinned both checkpoints")
     out = Path(out)
     return Prepared(out / BF16_DIR, out / W8A8_DIR, bf16_digests.as_dict(), w8a8_digests.as_dict(), len(w8a8.linears))

