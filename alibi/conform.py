@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from alibi import checks
+from alibi.differences import differing_elements
 from alibi.emulator import (
     EpilogueModel,
     apply_epilogue,
@@ -171,6 +172,7 @@ def evaluate_unit(kernel_a: Kernel, kernel_b: Kernel, tile: Tile, regime: str, *
         "out_dtype": dtype_name(t.out_dtype), "bias": t.bias is not None,
         "n_elements": out_a.numel(), "n_differing": int(differs.sum()),
         "max_ulp": max_ulp_distance(out_a, out_b), "bitwise_equal": not bool(differs.any()),
+        "differences": differing_elements(out_a, out_b).as_dict(),  # positions and values, capped
         "max_abs_acc": pred.max_abs_acc if pred else None,
         "headroom_bits": _finite_or_none(pred.headroom_bits) if pred else None,
         "prediction": pred.prediction if pred else None,

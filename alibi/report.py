@@ -2,23 +2,65 @@
 
 All three are rendered in memory first and written atomically, `report.json` last: a folder with
 a `report.json` holds a complete report, and a failed run leaves no new report behind.
+
+`report.md` answers the question in its first lines: the verdict, per scale regime how many tiles
+are bitwise equal and how many elements differ, and why they differ in one sentence drawn from
+the checks (see `why_sentence`). The tile table lists the differing tiles first, each marked, with
+its first differing element; `report.json` holds every unit with the positions and both values of
+its differing elements (`alibi.differences`, capped per unit). The fields are documented in
+docs/report.md.
+
+This module imports no torch (the check names come from `alibi.checks` only when JUnit is
+rendered), so the CLI can import it at start-up.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 from alibi import atomic
-from alibi.checks import CHECKS
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
+# How many differing elements `report.md` shows per tile (report.json lists up to the cap of
+# `alibi.differences`): one cell of the tile table.
+MD_POSITIONS = 1
 
 
 def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+@dataclass(frozen=True)
+class RegimeTotals:
+    """One scale regime summed over its units: tiles, bitwise-equal tiles, elements, differing elements, max ulp."""
+
+    regime: str
+    tiles: int
+    equal_tiles: int
+    elements: int
+    differing: int
+    max_ulp: int | None
+
+    def line(self, width: int = 0) -> str:
+        ulp = "n/a" if self.max_ulp is None else self.max_ulp
+        return (f"{self.regime:>{width}} scales: {self.equal_tiles}/{self.tiles} tiles bitwise equal, "
+                f"{self.differing:,} of {self.elements:,} elements differ, max ulp {ulp}")
+
+
+def regime_totals(report: dict[str, Any]) -> list[RegimeTotals]:
+    """Per regime, in the report's order, the totals over its units."""
+    out = []
+    for regime in report["regimes"]:
+        units = [u for u in report["tiles"] if u["regime"] == regime]
+        ulps = [u["max_ulp"] for u in units if u["max_ulp"] is not None]
+        out.append(RegimeTotals(regime, len(units), sum(bool(u["bitwise_equal"]) for u in units),
+                                sum(u["n_elements"] for u in units), sum(u["n_differing"] for u in units),
+                                max(ulps) if ulps else None))
+    return out
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -30,48 +72,137 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"  source: {report['source'].get('label', report['source'])}; regimes: {', '.join(report['regimes'])}"]
     for c in report["checks"]:
         lines.append(f"  {STATUS_WORD[c['status']]:>12}  {c['check']:<22} {c['detail']}")
-    for regime in report["regimes"]:
-        units = [u for u in report["tiles"] if u["regime"] == regime]
-        equal = sum(u["bitwise_equal"] for u in units)
-        differing = sum(u["n_differing"] for u in units)
-        elements = sum(u["n_elements"] for u in units)
-        ulps = [u["max_ulp"] for u in units if u["max_ulp"] is not None]
-        lines.append(f"  {regime:>5} scales: {equal}/{len(units)} tiles bitwise equal, {differing} of {elements} "
-                     f"elements differ, max ulp {max(ulps) if ulps else 'n/a'}")
+    for totals in regime_totals(report):
+        lines.append(f"  {totals.line(width=5)}")
     lines.append(f"  verdict: {report['verdict'].upper()} ({report['equivalence']})")
     for why in report.get("inconclusive_because", []):
         lines.append(f"    inconclusive: {why}")
     return lines
 
 
+def _split_model(name: str | None) -> tuple[str, str] | None:
+    if not name:
+        return None
+    order, _, bias = name.partition("+")
+    return order, bias or "fma"
+
+
+def why_sentence(report: dict[str, Any]) -> str:
+    """Why the arms differ (or not), in one or two sentences that follow from the checks.
+
+    The argument: if each arm equals its declared epilogue model bit for bit, then any
+    difference between the arms is a difference between the two declared models — the scale
+    order or the bias handling — and nothing else; if an arm does not equal its model, the
+    differences are unexplained; without declared models they cannot be attributed.
+    """
+    checks = {c["check"]: c for c in report["checks"]}
+    totals = {t.regime: t for t in regime_totals(report)}
+    a, b = report["kernel_a"], report["kernel_b"]
+    differing = sum(t.differing for t in totals.values())
+    fp8 = any(u.get("fmt", "int8") != "int8" for u in report["tiles"])
+    model = checks.get("epilogue-model", {"status": "inapplicable", "detail": "not run"})
+    if model["status"] == "fired":
+        return (f"At least one arm does not equal its declared epilogue model ({model['detail']}), so the "
+                "differences are not explained by the declared epilogues: that is a finding, not an expected "
+                "rounding difference.")
+    if model["status"] == "inapplicable":
+        if differing == 0:
+            return "The arms agree in every bit; no declared epilogue model could be checked."
+        return f"The differences cannot be attributed to the epilogues: the epilogue-model check was {model['detail']}."
+    held = (f"Each arm equals its declared epilogue model bit for bit (`{a['epilogue_model']}` and "
+            f"`{b['epilogue_model']}`" + (", each applied to its own fp32 accumulator" if fp8 else "") + ")")
+    if differing == 0:
+        return held + ", and the arms agree in every bit on every tile under every regime."
+    ma, mb = _split_model(a["epilogue_model"]), _split_model(b["epilogue_model"])
+    causes = []
+    if fp8:
+        causes.append("their fp32 accumulators (fp8 sums round in an implementation-defined order)")
+    if ma and mb and ma[0] != mb[0]:
+        causes.append("the order in which they apply the activation and weight scales")
+    if ma and mb and ma[1] != mb[1] and any(u.get("bias") for u in report["tiles"]):
+        causes.append("how they add the bias")
+    because = " and ".join(causes) if causes else "the two declared models"
+    out = f"{held}, so every difference comes from {because}."
+    pow2 = totals.get("pow2")
+    if pow2 is not None and not fp8:
+        if pow2.differing == 0:
+            out += " Under power-of-two weight scales the two orders round to the same bits, and no element differs."
+        else:
+            out += (f" Under power-of-two weight scales {pow2.differing:,} elements still differ: a scale order "
+                    "cannot cause that, so it comes from the bias handling (or subnormal/overflowing results).")
+    return out
+
+
+def _md(value: Any) -> str:
+    """A value as Markdown text: JSON spellings (`true`, `false`, `null` → n/a), thousands separators."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "n/a"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _first_positions(u: dict[str, Any]) -> str:
+    d = u.get("differences")
+    if not d or not d.get("elements"):
+        return ""
+    shown = [f"({e['row']}, {e['column']}): {e['a_bits']} → {e['b_bits']} ({e['a']} → {e['b']})"
+             for e in d["elements"][:MD_POSITIONS]]
+    more = d["count"] - len(shown)
+    return "; ".join(shown) + (f"; +{more:,} more" if more > 0 else "")
+
+
+def ordered_units(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The units with every differing one first; each group keeps the report's (execution) order."""
+    units = report["tiles"]
+    return [u for u in units if not u["bitwise_equal"]] + [u for u in units if u["bitwise_equal"]]
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     a, b = report["kernel_a"], report["kernel_b"]
+    seed = report.get("seed")
+    seed_text = f"seed {seed}" if seed is not None else "no seed (the tiles were given, not drawn)"
     out = [f"# Conformance report: `{a['name']}` vs `{b['name']}`", "",
            f"**Verdict: {report['verdict']}** ({report['equivalence']})."
-           + (f" Created {report['created_at']}." if report.get("created_at") else ""), "",
-           f"- arm a: `{a['name']}`, declared epilogue `{a['epilogue_model']}`, runs as: {a['how']}",
-           f"- arm b: `{b['name']}`, declared epilogue `{b['epilogue_model']}`, runs as: {b['how']}",
-           f"- pair chosen: {report['selection']}",
-           f"- source: {report['source'].get('label')}; seed {report['seed']}; regimes {', '.join(report['regimes'])}",
-           "", "## Checks", "", "| check | status | threshold | detail |", "|---|---|---|---|"]
+           + (f" Created {report['created_at']}." if report.get("created_at") else ""), ""]
+    out += [f"- {t.line()}" for t in regime_totals(report)]
+    out += ["", f"**Why:** {why_sentence(report)}", ""]
+    for why in report.get("inconclusive_because", []):
+        out.append(f"- inconclusive: {why}")
+    out += [f"- arm a: `{a['name']}`, declared epilogue `{a['epilogue_model']}`, runs as: {a['how']}",
+            f"- arm b: `{b['name']}`, declared epilogue `{b['epilogue_model']}`, runs as: {b['how']}",
+            f"- pair chosen: {report['selection']}",
+            f"- source: {report['source'].get('label')}; {seed_text}; regimes {', '.join(report['regimes'])}",
+            "", "## Checks", "", "| check | status | threshold | detail |", "|---|---|---|---|"]
     for c in report["checks"]:
         thr = "" if c["threshold"] is None else c["threshold"]
-        out.append(f"| {c['check']} | {c['status']} | {thr} | {c['detail']} |")
+        out.append(f"| {c['check']} | {STATUS_WORD[c['status']]} | {thr} | {c['detail']} |")
+    n_diff = sum(not u["bitwise_equal"] for u in report["tiles"])
     out += ["", "## Tiles", "",
-            "| tile | regime | M | K | N | differing | max ulp | bitwise | max abs acc | headroom bits | fired |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for u in report["tiles"]:
+            f"{n_diff} of {len(report['tiles'])} units differ; they come first, marked **≠**. Positions are "
+            "(row, column) of the `[M, N]` output, values as bit patterns and numbers (arm a → arm b); "
+            "report.json lists each unit's differing elements (`differences`, up to its `cap`).", "",
+            "| | tile | regime | M | K | N | differing | max ulp | bitwise equal | max abs acc | headroom bits "
+            "| fired | first difference |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for u in ordered_units(report):
         fired = ", ".join(k for k, v in u["verdicts"].items() if v["fired"]) or "-"
         head = "" if u["headroom_bits"] is None else f"{u['headroom_bits']:.2f}"
-        out.append(f"| {u['tile']} | {u['regime']} | {u['M']} | {u['K']} | {u['N']} | {u['n_differing']} / "
-                   f"{u['n_elements']} | {u['max_ulp']} | {u['bitwise_equal']} | {u['max_abs_acc']} | {head} | {fired} |")
+        mark = "=" if u["bitwise_equal"] else "**≠**"
+        out.append(f"| {mark} | {u['tile']} | {u['regime']} | {u['M']} | {u['K']} | {u['N']} | "
+                   f"{_md(u['n_differing'])} / {_md(u['n_elements'])} | {_md(u['max_ulp'])} | "
+                   f"{_md(u['bitwise_equal'])} | {_md(u['max_abs_acc'])} | {head} | {fired} | {_first_positions(u)} |")
     env = report["environment"]
-    out += ["", "## Environment", "", *(f"- {k}: {v}" for k, v in env.items()), ""]
+    out += ["", "## Environment", "", *(f"- {k}: {_md(v)}" for k, v in env.items()), ""]
     return "\n".join(out)
 
 
 def to_junit(report: dict[str, Any]) -> str:
     """One test suite per check, one test case per tile and regime; inapplicable cases are skipped."""
+    from alibi.checks import CHECKS
+
     root = ET.Element("testsuites", name="alibi.conform")
     for check in CHECKS:
         suite = ET.SubElement(root, "testsuite", name=f"alibi.{check}")

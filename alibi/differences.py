@@ -1,0 +1,108 @@
+"""Where two arms' outputs differ: the positions and both values of the differing elements of one unit.
+
+A unit's `n_differing` says how many output elements differ in any bit; this module says which.
+For every differing element it records the row and column, both bit patterns (hex, the exact
+values) and both values as numbers (bf16 and fp16 widen exactly to a Python float), and the ulp
+distance between them. The list is capped at `DIFFERENCE_CAP` elements per unit so that a report
+over kernels that differ everywhere (fp8, or a faulty kernel) stays small; `count` always holds
+the full number, so a truncated list says so (`count > len(elements)`). Elements are listed in
+row-major order (row, then column), the first `cap` of them: the same operands give the same list.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from alibi.numerics import bits, bitwise_equal_mask, ulp_distance
+
+SCHEMA = "alibi.differences/v1"
+# Elements listed per unit. SmolLM2-135M's real-scale units differ in at most 7 elements each at
+# M = 512; 32 lists every such difference while bounding a fully divergent unit to a few kB.
+DIFFERENCE_CAP = 32
+
+
+def _number(x: float) -> float | str:
+    """A finite value as a float; inf, -inf and nan as strings (JSON has no literal for them)."""
+    return x if math.isfinite(x) else str(x)
+
+
+@dataclass(frozen=True)
+class ElementDifference:
+    """One output element on which the arms differ.
+
+    row, column: the element's position in the `[M, N]` output; a_bits, b_bits: each arm's bit
+    pattern as `0x`-prefixed hex of the output width (4 digits for bf16/fp16); a, b: the values
+    (a float, or "inf" / "-inf" / "nan"); ulp: their ulp distance (None when either is not finite).
+    """
+
+    row: int
+    column: int
+    a_bits: str
+    b_bits: str
+    a: float | str
+    b: float | str
+    ulp: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "column": self.column, "a_bits": self.a_bits, "b_bits": self.b_bits,
+                "a": self.a, "b": self.b, "ulp": self.ulp}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ElementDifference:
+        return cls(int(d["row"]), int(d["column"]), str(d["a_bits"]), str(d["b_bits"]), d["a"], d["b"],
+                   None if d["ulp"] is None else int(d["ulp"]))
+
+
+@dataclass(frozen=True)
+class Differences:
+    """The differing elements of one unit: `count` in all, the first `cap` of them in `elements`."""
+
+    count: int
+    cap: int
+    elements: tuple[ElementDifference, ...]
+    schema: str = SCHEMA
+
+    @property
+    def truncated(self) -> bool:
+        return self.count > len(self.elements)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "count": self.count, "cap": self.cap,
+                "elements": [e.as_dict() for e in self.elements]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Differences:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"differences: schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        return cls(int(d["count"]), int(d["cap"]), tuple(ElementDifference.from_dict(e) for e in d["elements"]))
+
+
+def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, cap: int = DIFFERENCE_CAP) -> Differences:
+    """The elements of two `[M, N]` outputs whose bit patterns differ (see the module docstring).
+
+    Bitwise, as every check: `+0` and `-0` differ, NaN payloads are compared.
+    """
+    if out_a.dim() != 2:
+        raise ValueError(f"differing_elements: expected [M, N] outputs, got {list(out_a.shape)}")
+    differs = ~bitwise_equal_mask(out_a, out_b)
+    count = int(differs.sum())
+    positions = differs.nonzero()[:cap]  # row-major: nonzero() lists indices in C order
+    rows, cols = positions[:, 0], positions[:, 1]
+    a, b = out_a[rows, cols], out_b[rows, cols]
+    width = 2 * out_a.element_size()  # hex digits of one element
+    mask = (1 << (8 * out_a.element_size())) - 1
+    a_bits, b_bits = bits(a).tolist(), bits(b).tolist()
+    ulps = ulp_distance(a, b).tolist()
+    elements = tuple(
+        ElementDifference(int(r), int(c), f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
+                          _number(float(va)), _number(float(vb)), None if u < 0 else int(u))
+        for r, c, ab, bb, va, vb, u in zip(rows.tolist(), cols.tolist(), a_bits, b_bits,
+                                           a.double().tolist(), b.double().tolist(), ulps, strict=True))
+    return Differences(count, cap, elements)
+
+
+__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differing_elements"]
