@@ -90,9 +90,7 @@ TRITON_FILE = "model_executor/layers/quantization/compressed_tensors/triton_scal
 OP_NAME = "cutlass_scaled_mm"  # registered as _C::cutlass_scaled_mm
 TRITON_FUNCTION = "triton_scaled_mm"
 PINNED_VERSION = "0.26.0"
-INSTALL_HINT = (f"pip install 'integer-alibi[vllm]' (vllm=={PINNED_VERSION}, CUDA wheels), or set {ENV_OPS} to "
-                f"vllm/{OP_LIBRARY} and {ENV_TRITON} to vllm/{TRITON_FILE} taken from the vLLM wheel "
-                "(analysis/h200/vllm_payload.sh extracts both)")
+INSTALL = f"pip install 'integer-alibi[vllm]' (vllm=={PINNED_VERSION}, CUDA wheels)"
 
 # sha256 of the files in the released wheel vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
 # (wheel sha256 adb1e4c9…06de): how a file named by an environment variable is tied to a release.
@@ -184,8 +182,9 @@ def locate(role: str) -> VllmFile:
         return VllmFile(role, path, env)
     found = installed_vllm()
     if found is None:
-        what = "vLLM's op library" if role == "ops" else "vLLM's triton_scaled_mm.py"
-        raise KernelUnavailable(f"{what} not found: vllm is not installed and {env} is not set; {INSTALL_HINT}")
+        what = "op library" if role == "ops" else "Triton kernel"
+        raise KernelUnavailable(f"vLLM's {what} not found: vllm is not installed and {env} is not set; {INSTALL}, or "
+                                f"set {env} to vllm/{relative} from the vLLM wheel (analysis/h200/vllm_payload.sh)")
     folder, version = found
     path = folder / relative
     if not path.is_file():
@@ -273,7 +272,8 @@ def load_op_library(path: Path) -> Callable[..., Any]:
         try:
             torch.ops.load_library(key)
         except (OSError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            cause = exc.__cause__ or exc  # torch wraps ctypes' OSError, which names the missing dependency
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(exc).__name__
             hint = "" if torch.version.cuda else "; vLLM's op library needs a CUDA build of torch"
             _LIBRARY_STATE[key] = f"cannot load vLLM's op library {path}: {first}{hint}"
             raise KernelUnavailable(_LIBRARY_STATE[key]) from None
