@@ -199,7 +199,7 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run_apart_from_
     resumed = _alibi_run([str(exp), "--out", str(killed), "--resume"], {})
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err.decode()
-    assert "2 computed, 2 from the interrupted run" in out.decode()
+    assert "units: 2 computed now, 2 kept from the interrupted run" in out.decode()
 
     uninterrupted = _alibi_run([str(exp), "--out", str(straight)], {})
     _, err = uninterrupted.communicate(timeout=300)

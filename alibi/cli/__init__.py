@@ -3,7 +3,13 @@
 Each command group lives in its own module under `alibi/cli/` and exposes `register(subparsers)`,
 which adds its parser and sets `func` (called with the parsed namespace, returning an exit code).
 Exit codes: 0 all applicable checks pass, 1 a check fired, 2 bad input or usage, 3 a requested
-kernel is unavailable here.
+kernel is unavailable here, 130 interrupted (Ctrl-C).
+
+Command modules import torch and the other heavy libraries inside their command functions, so
+`alibi --help` and `alibi --version` start in a fraction of a second (a test holds this for every
+module listed here). A command whose interruption leaves something worth keeping sets
+`interrupted` (a function of the parsed namespace returning one line: what was kept and how to
+continue) next to `func`; every other command writes its outputs only once they are complete.
 """
 
 from __future__ import annotations
@@ -51,14 +57,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+NOTHING_KEPT = "nothing was written (alibi writes its outputs only once they are complete); run the command again"
+
+
+def interrupted_line(args: argparse.Namespace | None) -> str:
+    """The one line printed on Ctrl-C: what was kept, and how to resume or start over."""
+    describe = getattr(args, "interrupted", None)
+    what = NOTHING_KEPT
+    if describe is not None:
+        try:
+            what = describe(args)
+        except Exception:  # noqa: BLE001 - describing the state must never turn Ctrl-C into a traceback
+            what = "the command's own intermediate files may remain; see its --help for how to resume"
+    return f"alibi: interrupted (Ctrl-C): {what}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:
+        # Answered before any command module is imported: it needs nothing else.
+        print(f"alibi {__version__}")
+        return 0
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args))
     except (InputError, KernelUnavailable) as exc:
         print(f"alibi: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print(interrupted_line(args), file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def entry() -> None:

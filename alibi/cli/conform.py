@@ -7,30 +7,22 @@ import sys
 from pathlib import Path
 
 from alibi import atomic
-from alibi.conform import (
-    choose_pair,
-    conform,
-    exit_code,
-    progress_printer,
-    validate_regimes,
-)
 from alibi.errors import InputError
 from alibi.governance import build_predicate, resource, treatment_of, write_manifest
 from alibi.report import summary_lines, write_reports
-from alibi.synthetic import DEFAULT_PRESET, PRESETS, synthetic_tiles
-from alibi.tile import load_tile_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conform", help="certify whether two kernels are interchangeable",
                        description="Run the conformance checks on two kernels. Without kernel flags: cutlass vs "
                                    "triton with CUDA, else the best CPU pair. Without a source: the built-in "
-                                   f"synthetic preset {DEFAULT_PRESET!r}.")
+                                   "synthetic preset 'default'.")
     p.add_argument("--kernel-a", help="first kernel (see 'alibi kernels')")
     p.add_argument("--kernel-b", help="second kernel")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of tile .safetensors files")
-    src.add_argument("--synthetic", metavar="PRESET", help=f"synthetic preset: {', '.join(PRESETS)}")
+    src.add_argument("--synthetic", metavar="PRESET",
+                     help="synthetic preset, e.g. default, smollm2-135m, qwen3-1.7b (an unknown name lists all)")
     p.add_argument("--rows", type=int, help="override the synthetic preset's M (tokens per tile)")
     p.add_argument("--scales", default="real,pow2", help="scale regimes, comma-separated (default real,pow2)")
     p.add_argument("--seed", type=int, default=0, help="seed for synthetic tiles (default 0)")
@@ -43,6 +35,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `alibi --help` must not import torch.
+    from alibi.conform import (
+        choose_pair,
+        conform,
+        exit_code,
+        progress_printer,
+        validate_regimes,
+    )
+    from alibi.synthetic import DEFAULT_PRESET, synthetic_tiles
+    from alibi.tile import load_tile_dir
+
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
     atomic.check_writable_dir(args.out)
     if args.ulp_threshold < 0:

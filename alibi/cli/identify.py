@@ -6,11 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-from alibi.identify import identify
-from alibi.kernels import get_kernel
-from alibi.synthetic import PRESETS, synthetic_tiles
-from alibi.tile import load_tile_dir
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("identify", help="which known epilogue model a kernel's output bits match")
@@ -18,13 +13,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of tiles (real, non-power-of-two scales)")
     src.add_argument("--synthetic", metavar="PRESET", default="epilogue-probe-bias",
-                     help=f"synthetic preset (default epilogue-probe-bias): {', '.join(PRESETS)}")
+                     help="synthetic preset (default epilogue-probe-bias; an unknown name lists them all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the candidates as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from alibi.identify import identify
+    from alibi.kernels import get_kernel
+    from alibi.synthetic import synthetic_tiles
+    from alibi.tile import load_tile_dir
+
     kernel = get_kernel(args.kernel)
     kernel.require_available()
     tiles = load_tile_dir(args.tiles) if args.tiles else synthetic_tiles(args.synthetic, seed=args.seed)

@@ -6,7 +6,6 @@ import argparse
 import json
 
 from alibi.errors import InputError
-from alibi.kernels import get_kernel, kernel_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def kernel_rows() -> list[dict]:
+    from alibi.kernels import get_kernel, kernel_names
+
     rows = []
     for name in kernel_names():
         k = get_kernel(name)
@@ -45,6 +46,8 @@ def list_kernels(args: argparse.Namespace) -> int:
 
 
 def build_kernel(args: argparse.Namespace) -> int:
+    from alibi.kernels import get_kernel
+
     kernel = get_kernel(args.name)
     if not hasattr(kernel, "build"):
         raise InputError(f"kernel {args.name!r} is not built ahead of time; only JIT-compiled kernels can be built")

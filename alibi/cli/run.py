@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.experiment import UNITS_DIR, load_experiment, run_experiment, stderr_progress
 from alibi.experiment import __doc__ as FORMAT
-from alibi.experiment import load_experiment, run_experiment, stderr_progress
 from alibi.report import summary_lines
 
 _EPILOG = FORMAT.split("An experiment file", 1)[1].split("The runner works", 1)[0]
@@ -23,13 +23,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run in OUT from its last complete unit (a missing OUT starts afresh)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, interrupted=_interrupted)
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C leaves: the finished units (each written atomically), and the command that continues."""
+    out = args.out if args.out is not None else Path(load_experiment(args.experiment).out)
+    done = len(list((out / UNITS_DIR).glob("*.json")))
+    again = f"alibi run {args.experiment}" + (f" --out {args.out}" if args.out is not None else "") + " --resume"
+    return f"{done} finished unit(s) kept in {out / UNITS_DIR}; continue with: {again}"
+
+
+def _units_line(result) -> str:
+    if result.computed_units == 0 and result.resumed_units:
+        return (f"  units: all {result.resumed_units} were already complete (nothing computed); "
+                "the report was folded again from them")
+    if result.resumed_units:
+        return f"  units: {result.computed_units} computed now, {result.resumed_units} kept from the interrupted run"
+    return f"  units: {result.computed_units} computed"
 
 
 def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
     result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress)
     print("\n".join(summary_lines(result.report)))
-    print(f"  units: {result.computed_units} computed, {result.resumed_units} from the interrupted run")
+    print(_units_line(result))
     print(f"  artifacts: {result.out}/ (report/report.json, report/report.md, report/junit.xml, manifest.json)")
     return result.exit_code
