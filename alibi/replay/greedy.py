@@ -147,9 +147,18 @@ class GreedyAgreement:
     @classmethod
     def from_json(cls, text: str, where: str = RESULT_FILE) -> "GreedyAgreement":
         doc = _load(text, where, SCHEMA)
+
+        def runs(value) -> tuple[tuple[tuple[int, ...], ...], ...]:
+            return tuple(tuple(tuple(int(t) for t in seq) for seq in run) for run in value)
+
         try:
-            return cls(**{f.name: doc[f.name] for f in fields(cls)})
-        except (KeyError, TypeError) as exc:
+            values = {f.name: doc[f.name] for f in fields(cls)}
+            values.update(windows=tuple(values["windows"]), sequences_a=runs(values["sequences_a"]),
+                          sequences_b=runs(values["sequences_b"]), first_divergence=tuple(values["first_divergence"]),
+                          self_first_divergence_a=tuple(values["self_first_divergence_a"]),
+                          self_first_divergence_b=tuple(values["self_first_divergence_b"]))
+            return cls(**values)
+        except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{where}: malformed greedy agreement ({exc!r}); re-run it") from None
 
 
