@@ -9,7 +9,8 @@ two manifests field by field and fails closed on
 - any malformed digest (a DigestSet that is not 64 lowercase hex),
 - any covered file whose bytes no longer match its digest, or that is missing or unlisted,
 - missing kernel evidence (`treatment.kernel`, `.kernel_build_digest`, `.epilogue_model`), without
-  which a difference could not be attributed to a kernel at all.
+  which a difference could not be attributed to a kernel at all. An arm that ran inside an engine
+  may instead carry the engine's kernel-selection log (`treatment.kernel_log`, with `kernel` null).
 
 Excluded from the comparison are exactly: the timestamp `predicate.run.created_at`, the declared
 treatment fields, and the subjects' digests — the covered files are the arms' *outputs*, which
@@ -38,7 +39,17 @@ CONTRACT = "alibi-identity/v1"
 # Named treatments: the manifest fields each one allows to differ.
 TREATMENTS: dict[str, tuple[str, ...]] = {
     "kernel": ("predicate.treatment",),
+    "checkpoint": ("predicate.inputs.checkpoint",),
     "none": (),
+}
+# Fields that follow from another: a treatment that lets the first differ lets these differ too,
+# since they cannot stay equal when it changes. A capture records its checkpoint twice: as the
+# input (`inputs.checkpoint`: name and file digest) and as the digest of its tensors
+# (`parameters.model_tensors_digest`, the same for any sharding); two checkpoints differ in both.
+# Whether the checkpoint matched its own manifest (`checkpoint_verified_against_manifest`) does
+# not follow from its content: a difference there is evidence quality and stays a violation.
+FOLLOWS_FROM: dict[str, tuple[str, ...]] = {
+    "predicate.inputs.checkpoint": ("predicate.parameters.model_tensors_digest",),
 }
 KERNEL_EVIDENCE = ("kernel", "kernel_build_digest", "epilogue_model")
 _TIMESTAMP = ".".join(TIMESTAMP_FIELD)
@@ -85,7 +96,11 @@ class IdentityRecord:
 
 
 def treatment_fields(treatment: Iterable[str]) -> tuple[str, ...]:
-    """Expand treatment names (`kernel`, `none`) and dotted paths (`inputs.checkpoint`) to field prefixes."""
+    """Expand treatment names (`kernel`, `checkpoint`, `none`) and dotted paths (`inputs.checkpoint`) to field prefixes.
+
+    Each field brings the fields that follow from it (`FOLLOWS_FROM`): declaring a checkpoint the
+    treatment also allows its tensor digest to differ, wherever the field is named from.
+    """
     fields: list[str] = []
     for item in treatment:
         if item in TREATMENTS:
@@ -95,7 +110,9 @@ def treatment_fields(treatment: Iterable[str]) -> tuple[str, ...]:
         else:
             raise InputError(f"treatment {item!r} is neither one of {', '.join(TREATMENTS)} nor a dotted "
                              "predicate field such as inputs.checkpoint")
-    return tuple(dict.fromkeys(fields))
+    derived = [d for f in fields for source, follows in FOLLOWS_FROM.items()
+               if _under(source, f) or _under(f, source) for d in follows]
+    return tuple(dict.fromkeys(fields + derived))
 
 
 def flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -129,6 +146,11 @@ def _load(path: str | os.PathLike) -> tuple[Path, Any]:
         raise InputError(f"{p}: not valid JSON ({exc}); the manifest is damaged") from None
 
 
+def _logged_selections(kernel_log: Any) -> bool:
+    """Whether a treatment's `kernel_log` (alibi.governance.kernel_log) records at least one selection."""
+    return isinstance(kernel_log, Mapping) and bool(kernel_log.get("selections"))
+
+
 def _kernel_evidence_problems(statement: Mapping[str, Any]) -> list[str]:
     predicate = statement.get("predicate") if isinstance(statement, Mapping) else None
     predicate = predicate if isinstance(predicate, Mapping) else {}
@@ -144,6 +166,8 @@ def _kernel_evidence_problems(statement: Mapping[str, Any]) -> list[str]:
         if not isinstance(holder, Mapping):
             problems.append(f"field {where} is missing: kernel evidence is required to attribute a difference")
             continue
+        if holder.get("kernel") is None and _logged_selections(holder.get("kernel_log")):
+            continue  # an engine arm (vLLM): its own kernel-selection log names the kernel that ran
         for key in KERNEL_EVIDENCE:
             if holder.get(key) in (None, "", {}):
                 problems.append(f"field {where}.{key} is missing: kernel evidence is required")
@@ -211,5 +235,5 @@ def require_identity(a: str | os.PathLike, b: str | os.PathLike, treatment: Iter
     return record
 
 
-__all__ = ["CONTRACT", "KERNEL_EVIDENCE", "TREATMENTS", "IdentityRecord", "IdentityViolation",
+__all__ = ["CONTRACT", "FOLLOWS_FROM", "KERNEL_EVIDENCE", "TREATMENTS", "IdentityRecord", "IdentityViolation",
            "compare_manifests", "flatten", "require_identity", "treatment_fields"]
