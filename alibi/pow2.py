@@ -301,21 +301,61 @@ def _read_dense(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _write(src: Path, stage: Path, replaced: Mapping[str, torch.Tensor]) -> None:
-    """Copy `src` into `stage` file by file, replacing tensors in their own shard (layout kept)."""
+    """Copy `src` into `stage` file by file, replacing tensors in their own shard (layout kept).
+
+    The shards are the files the index names (`weight_files`: each inside `src`, refused
+    otherwise), rewritten whatever their names; every other file is copied byte for byte. Every
+    replaced tensor must land in some shard.
+    """
     from alibi.model.checkpoint import weight_files
 
-    shards = {p.relative_to(src).as_posix() for p in weight_files(src)}
+    shards = [p.relative_to(src).as_posix() for p in weight_files(src)]
     for rel in checkpoint_files(src):
+        if rel not in shards:
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / rel, stage / rel)
+    written: set[str] = set()
+    for rel in shards:
         target = stage / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        if rel not in shards:
-            shutil.copyfile(src / rel, target)
-            continue
         with safe_open(str(src / rel), framework="pt") as fh:
             metadata = fh.metadata()
         part = load_file(str(src / rel))
-        part.update({k: v for k, v in replaced.items() if k in part})
+        mine = {k: v for k, v in replaced.items() if k in part}
+        part.update(mine)
+        written |= mine.keys()
         save_file({k: v.contiguous() for k, v in part.items()}, str(target), metadata=metadata)
+    if written != set(replaced):
+        missing = sorted(set(replaced) - written)
+        raise InputError(f"{src}: tensor {missing[0]!r} is in no shard the index names; nothing was written")
+
+
+def check_written(stage: Path, modules: list[str], expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Read the written checkpoint back and refuse it unless it is what the rewrite promised.
+
+    It must be a valid W8A8 checkpoint with exactly the input's quantized modules, every
+    `weight_scale` a power of two (`is_pow2`, exact), and tensors bit-identical to `expected`
+    (compared by tensor digest). Returns the tensors read back (the manifest's digests are
+    computed from them, not from memory). InputError — nothing is renamed into place — otherwise.
+    """
+    from alibi.model.checkpoint import read_config, read_tensors
+    from alibi.model.compressed_tensors import parse_w8a8
+    from alibi.model.digests import tensors_sha256
+    from alibi.numerics import is_pow2
+
+    tensors = read_tensors(stage)
+    ckpt = parse_w8a8(read_config(stage), tensors, str(stage))
+    if sorted(ckpt.linears) != sorted(modules):
+        raise InputError(f"the rewritten checkpoint holds {len(ckpt.linears)} quantized modules, the input "
+                         f"{len(modules)}; nothing was written")
+    for name, lin in ckpt.linears.items():
+        bad = int((~is_pow2(lin.scale)).sum())
+        if bad:
+            raise InputError(f"after writing, {name}{SCALE_SUFFIX} holds {bad} scale(s) that are not powers of two; "
+                             "nothing was written")
+    if tensors_sha256(tensors) != tensors_sha256(expected):
+        raise InputError("the rewritten checkpoint's tensors differ from the rewrite's; nothing was written")
+    return tensors
 
 
 def pow2_rewrite(src: str | os.PathLike, out: str | os.PathLike, mode: Pow2Mode, *,
@@ -329,7 +369,7 @@ def pow2_rewrite(src: str | os.PathLike, out: str | os.PathLike, mode: Pow2Mode,
     """
     from alibi.governance.manifest import build_predicate, digest_set, write_manifest
     from alibi.model.checkpoint import checkpoint_digests, read_config, read_tensors
-    from alibi.model.compressed_tensors import parse_w8a8, read_w8a8
+    from alibi.model.compressed_tensors import parse_w8a8
     from alibi.model.digests import tensors_sha256
 
     if mode not in MODES:
@@ -360,8 +400,8 @@ def pow2_rewrite(src: str | os.PathLike, out: str | os.PathLike, mode: Pow2Mode,
     new_tensors = {**tensors, **replaced}
     with atomic.staged_dir(out, overwrite=overwrite) as stage:
         _write(src, stage, replaced)
-        read_w8a8(stage)  # the output must be a valid W8A8 checkpoint again
-        digests = checkpoint_digests(stage, new_tensors)
+        written = check_written(stage, modules, new_tensors)  # valid W8A8, all scales pow2, the promised bits
+        digests = checkpoint_digests(stage, written)
         parameters = {
             "format": "compressed-tensors/int-quantized",
             "pow2_rewrite": {

@@ -59,3 +59,17 @@ def world_readable_dir() -> Path:
 
 
 GIB = 2**30
+
+
+def main_one_line(capsys, args: list[str], *fragments: str, code: int = 2) -> str:
+    """`alibi.cli.main(args)` in this process: it returned `code` and printed one `alibi: error:` line."""
+    from alibi.cli import main
+
+    capsys.readouterr()
+    assert main(args) == code
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("alibi: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]

@@ -425,3 +425,29 @@ def test_a_killed_run_leaves_no_checkpoint_at_the_destination(tmp_path, w8a8_dir
     assert not (tmp_path / "out").exists()
     # the half-written stage is hidden beside it and never taken for a checkpoint
     assert all(p.name.startswith(".") for p in tmp_path.iterdir() if p.name not in {"w8a8", "bf16"})
+
+
+def test_a_write_that_leaves_a_non_power_of_two_scale_is_refused_and_nothing_is_written(w8a8_dir, tmp_path,
+                                                                                       monkeypatch):
+    """Guards the final check: whatever path leaves a shard unrewritten (the index bug of issue 16
+    did), the written checkpoint is read back, every weight_scale must be a power of two, and the
+    output is never renamed into place otherwise."""
+    import alibi.pow2 as pow2
+
+    real_write = pow2._write
+
+    def write_then_restore_one_scale(src, stage, replaced):
+        real_write(src, stage, replaced)
+        name = sorted(k for k in replaced if k.endswith(".weight_scale"))[0]
+        for shard in sorted(stage.rglob("*.safetensors")):
+            part = load_file(str(shard))
+            if name in part:
+                part[name] = read_tensors(src)[name]  # the original, real-valued scales
+                save_file(part, str(shard))
+
+    monkeypatch.setattr(pow2, "_write", write_then_restore_one_scale)
+    out = tmp_path / "pow2"
+    with pytest.raises(atomic.InputError, match=r"after writing, .*weight_scale holds \d+ scale\(s\) that are not "
+                                                "powers of two; nothing was written"):
+        pow2.pow2_rewrite(w8a8_dir, out, "ceil")
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".pow2")]

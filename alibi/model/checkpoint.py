@@ -10,21 +10,25 @@ failed write never leaves a half checkpoint at the destination.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from alibi.errors import InputError
+from alibi import jsonio
+from alibi.errors import InputError, one_line, shown
 from alibi.model.digests import (
     combined_sha256,
     file_sha256,
     json_sha256,
     tensors_sha256,
 )
+from alibi.safetensors_header import read_header
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -42,56 +46,196 @@ TOKENIZER_FILES = (
 )
 
 
+# config.json fields the model builder reads, with the JSON type each must have. A wrong type
+# (`"hidden_size": "576"`) made transformers fail deep inside model construction with a
+# TypeError; a missing optional field is left to transformers' defaults.
+_POSITIVE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+_NUMBER_FIELDS = ("rms_norm_eps", "rope_theta", "layer_norm_eps", "initializer_range")
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_cache")
+_STRING_FIELDS = ("model_type", "hidden_act", "torch_dtype", "dtype")
+# Size fields every weight of a Llama/Qwen-style model is built from: each is a dimension of some
+# stored tensor, so none can exceed the largest stored dimension (see `check_config_dimensions`).
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size")
+
+
+def config_problem(config: Mapping) -> str | None:
+    """The first config.json field whose JSON type is wrong (one line naming it), or None."""
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in _POSITIVE_INT_FIELDS:
+        v = config.get(key)
+        if v is not None and (not is_int(v) or v < 1):
+            return f"{key} is {shown(v)}, expected a positive integer"
+    for key in _NUMBER_FIELDS:
+        v = config.get(key)
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v)):
+            return f"{key} is {shown(v)}, expected a finite number"
+    for key in _BOOL_FIELDS:
+        v = config.get(key)
+        if v is not None and not isinstance(v, bool):
+            return f"{key} is {shown(v)}, expected true or false"
+    for key in _STRING_FIELDS:
+        v = config.get(key)
+        if v is not None and not isinstance(v, str):
+            return f"{key} is {shown(v)}, expected a string"
+    arch = config.get("architectures")
+    if arch is not None and (not isinstance(arch, list) or not all(isinstance(a, str) for a in arch)):
+        return f"architectures is {shown(arch)}, expected a list of class names"
+    qc = config.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        return f"quantization_config is {shown(qc)}, expected an object"
+    return None
+
+
 def read_config(folder: str | Path) -> dict:
-    """The parsed `config.json` of the checkpoint in `folder` (InputError if missing or malformed)."""
+    """The parsed `config.json` of the checkpoint in `folder` (InputError if missing, malformed, or
+    a field the model builder reads has the wrong type)."""
     path = Path(folder) / CONFIG_FILE
+    where = one_line(str(path))
     if not Path(folder).is_dir():
-        raise InputError(f"{folder}: no such checkpoint folder; run `alibi model prepare` or pass an existing folder")
+        raise InputError(f"{one_line(str(folder))}: no such checkpoint folder; run `alibi model prepare` or pass an "
+                         "existing folder")
     if not path.is_file():
-        raise InputError(f"{path}: missing; a checkpoint folder needs its config.json next to the weights")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); restore the file from its source") from exc
+        raise InputError(f"{where}: missing; a checkpoint folder needs its config.json next to the weights")
+    config = jsonio.read(path)
     if not isinstance(config, dict):
-        raise InputError(f"{path}: must hold a JSON object")
+        raise InputError(f"{where}: must hold a JSON object")
+    problem = config_problem(config)
+    if problem:
+        raise InputError(f"{where}: {problem}; fix the field or restore the file from its source")
     return config
 
 
-def weight_files(folder: str | Path) -> list[Path]:
-    """The safetensors files holding the checkpoint's weights, in a stable order."""
+def _index_problem(key: object, value: object) -> str | None:
+    """Why one `weight_map` entry is unsafe or malformed (None when it names a shard in the folder).
+
+    A shard must be a relative POSIX path inside the checkpoint folder: no absolute path, no `..`,
+    no backslash or drive, and no component starting with a dot (hidden files are not covered by
+    manifests, so a hidden shard could change without any digest noticing).
+    """
+    if not isinstance(value, str) or not value:
+        return f"maps tensor {shown(key)} to {shown(value, 240)}, not a file name"
+    if "\\" in value or "\0" in value:
+        return f"maps tensor {shown(key)} to {shown(value, 240)}, which is not a POSIX path"
+    pure = PurePosixPath(value)
+    if pure.is_absolute() or PureWindowsPath(value).drive:
+        return f"maps tensor {shown(key)} to the absolute path {shown(value, 240)}"
+    if any(part in ("..", "") for part in value.split("/")) or any(part.startswith(".") for part in pure.parts):
+        return (f"maps tensor {shown(key)} to {shown(value, 240)}, which leaves the folder or names a hidden file "
+                "(no '..' or dot-files)")
+    if value in (CONFIG_FILE, INDEX_FILE, MANIFEST_FILE):
+        return f"maps tensor {shown(key)} to {shown(value, 240)}, which is not a weights file"
+    return None
+
+
+def shard_names(folder: str | Path) -> list[str] | None:
+    """The shard paths (relative POSIX) listed in the folder's `model.safetensors.index.json`, sorted,
+    or None when there is no index. InputError naming the entry for any shard outside the folder."""
     folder = Path(folder)
     index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise InputError(f"{index}: malformed shard index (needs a 'weight_map' object); restore it") from exc
+    if not index.is_file():
+        return None
+    where = one_line(str(index))
+    doc = jsonio.read(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"{where}: malformed shard index (needs a non-empty 'weight_map' object of tensor name → "
+                         "shard file); restore it")
+    for key, value in weight_map.items():
+        problem = _index_problem(key, value)
+        if problem:
+            raise InputError(f"{where}: {problem}; a shard index may only name files inside its own folder")
+    return sorted(set(weight_map.values()))
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The safetensors files holding the checkpoint's weights, in a stable order (the index's
+    shards, each a file inside `folder`, or the single `model.safetensors`)."""
+    folder = Path(folder)
+    names = shard_names(folder)
+    if names is not None:
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
-            raise InputError(f"{folder}: shard(s) {', '.join(missing)} listed in {INDEX_FILE} are missing; copy them in")
+            raise InputError(f"{one_line(str(folder))}: shard(s) {one_line(', '.join(missing))[:200]} listed in "
+                             f"{INDEX_FILE} are missing; copy them in")
         return [folder / n for n in names]
     single = folder / WEIGHTS_FILE
     if not single.is_file():
         raise InputError(
-            f"{single}: missing (and no {INDEX_FILE}); the checkpoint's weights must be in safetensors "
+            f"{one_line(str(single))}: missing (and no {INDEX_FILE}); the checkpoint's weights must be in safetensors "
             "format (pickled .bin files are not read)"
         )
     return [single]
 
 
+def tensor_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of every stored tensor, read from the shards' headers only (no tensor data)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(folder):
+        header = read_header(path, "checkpoint shard")
+        dup = shapes.keys() & header.tensors.keys()
+        if dup:
+            raise InputError(f"{one_line(str(path))}: tensor {shown(min(dup))} also appears in another shard; "
+                             "the checkpoint is malformed")
+        shapes.update({name: entry.shape for name, entry in header.tensors.items()})
+    return shapes
+
+
+def check_config_dimensions(config: Mapping, shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """InputError unless config.json's sizes agree with the stored tensors' shapes.
+
+    Argument: the model is built from config.json before any weight is loaded, so a config saying
+    `vocab_size: 2000000000` allocates an embedding of 2·10⁹ × hidden elements (terabytes) first.
+    Every weight of a decoder model is a `vocab × hidden`, `hidden × hidden`-like or
+    `intermediate × hidden` matrix, so `vocab_size`, `hidden_size` and `intermediate_size` are
+    dimensions of stored tensors: none may exceed the largest stored dimension, and where the
+    Llama/Qwen tensor names are present they must match exactly (embedding `[vocab, hidden]`,
+    `num_hidden_layers` = the number of `layers.<i>` blocks, gate/up projections `[intermediate, ...]`).
+    """
+    largest = max((d for shape in shapes.values() for d in shape), default=0)
+    for key in _SIZE_FIELDS:
+        v = config.get(key)
+        if isinstance(v, int) and v > largest:
+            raise InputError(f"{where}: config.json says {key} = {v}, larger than every stored tensor dimension "
+                             f"(the largest is {largest}); the config does not describe these weights")
+    embed = [shape for name, shape in shapes.items() if name.endswith("embed_tokens.weight")]
+    vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
+    if len(embed) == 1 and vocab is not None and hidden is not None and tuple(embed[0]) != (vocab, hidden):
+        raise InputError(f"{where}: the embedding is {list(embed[0])} but config.json says vocab_size × hidden_size "
+                         f"= [{vocab}, {hidden}]; the config does not describe these weights")
+    layers = {int(m.group(1)) for name in shapes if (m := _LAYER.search(name))}
+    n_layers = config.get("num_hidden_layers")
+    if layers and n_layers is not None and layers != set(range(n_layers)):
+        raise InputError(f"{where}: the weights hold decoder layers 0..{max(layers)} ({len(layers)} blocks) but "
+                         f"config.json says num_hidden_layers = {n_layers}")
+    inter = config.get("intermediate_size")
+    for name, shape in shapes.items():
+        if inter is not None and name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")) and shape[:1] != (inter,):
+            raise InputError(f"{where}: {name} is {list(shape)} but config.json says intermediate_size = {inter}")
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
 def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint in `folder`, on the CPU, in their stored dtypes."""
+    """All tensors of the checkpoint in `folder`, on the CPU, in their stored dtypes.
+
+    The shards' headers are validated first and, when the folder has a config.json, its sizes are
+    compared with the stored shapes (`check_config_dimensions`) — before any tensor is read.
+    """
+    folder = Path(folder)
+    shapes = tensor_shapes(folder)
+    if (folder / CONFIG_FILE).is_file():
+        check_config_dimensions(read_config(folder), shapes, one_line(str(folder)))
     tensors: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
         try:
             part = load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise InputError(f"{path}: not a readable safetensors file ({exc}); restore it from its source") from exc
-        dup = tensors.keys() & part.keys()
-        if dup:
-            raise InputError(f"{path}: tensor {min(dup)!r} also appears in another shard; the checkpoint is malformed")
+        except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
+            raise InputError(f"{one_line(str(path))}: not a readable safetensors file ({one_line(str(exc))[:200]}); "
+                             "restore it from its source") from None
         tensors.update(part)
     return tensors
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from alibi.errors import InputError
+from alibi.errors import InputError, shown
 from alibi.model.checkpoint import CONFIG_FILE, read_config, read_tensors
 from alibi.numerics import dtype_name
 from alibi.quant import quantize_weight_per_channel
@@ -143,6 +143,13 @@ class W8A8Scheme:
         ignore = qc.get("ignore") or []
         if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
             raise InputError(f"{source}: quantization_config.ignore must be a list of module names")
+        for entry in ignore:
+            if entry.startswith("re:"):
+                try:
+                    re.compile(entry[3:])
+                except re.error as exc:
+                    raise InputError(f"{source}: quantization_config.ignore entry {shown(entry)} is not a valid "
+                                     f"regular expression ({exc}); fix the pattern") from None
         return cls(tuple(targets), tuple(ignore), strategies.pop())
 
 
