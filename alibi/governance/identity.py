@@ -56,7 +56,9 @@ _TIMESTAMP = ".".join(TIMESTAMP_FIELD)
 
 
 class IdentityViolation(InputError):
-    """Two arms' manifests break the identity contract (exit 2 from analysis commands)."""
+    """Two arms' manifests break the identity contract: exit 1, as `alibi manifest verify A B` (README)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ MANIFEST_NAME = "manifest.json"
 TIMESTAMP_FIELD = ("predicate", "run", "created_at")
 
 # Artifact kinds the toolkit writes; `predicate_type` accepts any lowercase slug, these are documented.
-KINDS = ("tiles", "capture", "predictions", "report", "checkpoint", "prompts", "experiment-run", "replay")
+KINDS = ("tiles", "capture", "predictions", "report", "checkpoint", "prompts", "experiment-run", "flip-analysis",
+         "replay")
 
 _KIND = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -1,0 +1,169 @@
+"""One arm's per-position records, whichever tool wrote them: the input of `alibi analyze flips`.
+
+Three shapes are read, each into an `ArmSteps` (the fields every shape shares):
+
+- `alibi-teacher-forced/v1`: an arm folder written by `alibi replay teacher-forced` (`records.json`
+  + `manifest.json`, see `alibi.replay.records`), or that folder's `records.json`. Joined on
+  (window, position); the identity of two arms is the alibi manifest contract.
+- `per-prompt-list` and `manifest-envelope`: the two shapes another tool publishes
+  (`alibi.stats.foreign`).
+
+A folder is an alibi arm; a `.json` file is told apart by its top level: an object with the alibi
+`schema` is an alibi records file, a list is the per-prompt list, an object holding `manifest` and
+`records` is the envelope. Anything else is refused, naming the file and the shapes accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alibi.errors import InputError
+from alibi.governance.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from alibi.replay.records import RECORDS_FILE
+from alibi.replay.records import SCHEMA as ALIBI_SHAPE
+
+LIST_SHAPE = "per-prompt-list"
+ENVELOPE_SHAPE = "manifest-envelope"
+SHAPES = (ALIBI_SHAPE, LIST_SHAPE, ENVELOPE_SHAPE)
+REPLAY_KIND = "replay"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scored position, in the fields all three shapes share.
+
+    prompt: the prompt part of the join key — the window index (alibi arm, list shape: the
+    element's index) or the prompt's sha (envelope); position: the scored position in the prompt;
+    top1_id: the arm's top-1 token; margin: top-1 minus top-2 logit (finite, ≥ 0);
+    prompt_sha256, forced_id, logits_sha256: carried where the shape has them (else None) and
+    compared between the arms at each joined key.
+    """
+
+    prompt: int | str
+    position: int
+    top1_id: int
+    margin: float
+    prompt_sha256: str | None = None
+    forced_id: int | None = None
+    logits_sha256: str | None = None
+
+    @property
+    def key(self) -> tuple[int | str, int]:
+        return (self.prompt, self.position)
+
+
+@dataclass(frozen=True)
+class ArmSteps:
+    """One arm, read.
+
+    path: as given on the command line; shape: one of `SHAPES`; records_file: the JSON file read;
+    records_sha256: its digest; kernel: the kernel its records name (alibi registry name, the
+    envelope's `kernel_class`; None for the list shape); steps: in file order; manifest_path:
+    the alibi manifest beside the records (alibi shape only); envelope_manifest: the envelope's
+    `manifest` object (envelope shape only).
+    """
+
+    path: str
+    shape: str
+    records_file: str
+    records_sha256: str
+    kernel: str | None
+    steps: tuple[Step, ...]
+    manifest_path: str | None = None
+    envelope_manifest: Mapping[str, Any] | None = None
+
+    @property
+    def prompts(self) -> tuple[int | str, ...]:
+        """Prompt keys in order of first appearance in the records."""
+        return tuple(dict.fromkeys(s.prompt for s in self.steps))
+
+
+def _read_text(f: Path) -> str:
+    try:
+        text = f.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"{f}: cannot read the records file ({exc.__class__.__name__}: {exc}); pass an arm "
+                         "folder written by `alibi replay teacher-forced` or a records .json file") from None
+    if not text.strip():
+        raise InputError(f"{f}: the records file is empty; re-run the arm that should have written it")
+    return text
+
+
+def read_arm(path: str | Path) -> ArmSteps:
+    """Read an arm in any accepted shape (module docstring); InputError naming the file and the problem."""
+    p = Path(path)
+    if p.is_dir():
+        return _alibi_arm(str(path), p / RECORDS_FILE, p)
+    if not p.is_file():
+        raise InputError(f"{p}: no such arm folder or records file; pass the folder written by "
+                         "`alibi replay teacher-forced`, or a .json records file")
+    if p.suffix.lower() != ".json":
+        raise InputError(f"{p}: not a folder and not a .json file; pass an arm folder or a .json records file")
+    text = _read_text(p)
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{p}: not valid JSON ({str(exc).splitlines()[0]}); the file is truncated or damaged: "
+                         "re-run the arm that wrote it") from None
+    if isinstance(doc, dict) and doc.get("schema") == ALIBI_SHAPE:
+        return _alibi_arm(str(path), p, p.parent, text)
+    from alibi.stats import foreign
+
+    if isinstance(doc, list):
+        return foreign.read_list_shape(doc, str(path), p, sha256_file(p))
+    if isinstance(doc, dict) and "manifest" in doc and "records" in doc:
+        return foreign.read_envelope(doc, str(path), p, sha256_file(p))
+    raise InputError(f"{p}: not a records file of a known shape; expected an alibi records.json (schema "
+                     f"{ALIBI_SHAPE!r}), a list with one list of step records per prompt, or an object with "
+                     "`manifest` and `records`")
+
+
+def _alibi_arm(given: str, records_file: Path, folder: Path, text: str | None = None) -> ArmSteps:
+    from alibi.replay.records import ArmRecords
+
+    if not records_file.is_file():
+        raise InputError(f"{folder}: holds no {RECORDS_FILE}; pass an arm folder written by "
+                         "`alibi replay teacher-forced`")
+    arm = ArmRecords.from_json(_read_text(records_file) if text is None else text, str(records_file))
+    if not arm.records:
+        raise InputError(f"{records_file}: holds no scored position; re-run the arm with --positions ≥ 1")
+    windows = set(arm.windows)
+    steps = []
+    for i, r in enumerate(arm.records):
+        where = f"{records_file}: record {i} (window {r.window}, position {r.position})"
+        if r.window not in windows:
+            raise InputError(f"{where}: window index {r.window} is out of range: the arm scored windows "
+                             f"{_show_windows(arm.windows)}; the records file is damaged, re-run the arm")
+        if r.position < 0:
+            raise InputError(f"{where}: position {r.position} is negative; the records file is damaged")
+        if r.margin < 0:
+            raise InputError(f"{where}: margin {r.margin!r} is negative (top-1 minus top-2 cannot be); "
+                             "the records file is damaged")
+        steps.append(Step(prompt=r.window, position=r.position, top1_id=r.top1_id, margin=float(r.margin),
+                          prompt_sha256=r.prompt_sha256, forced_id=r.forced_id, logits_sha256=r.logits_sha256))
+    manifest = folder / MANIFEST_NAME
+    if not manifest.is_file():
+        raise InputError(f"{folder}: holds no {MANIFEST_NAME} beside {records_file.name}; an alibi arm is the "
+                         "whole folder `alibi replay teacher-forced` wrote")
+    kind = read_manifest(manifest).kind
+    if kind != REPLAY_KIND:
+        raise InputError(f"{manifest}: is a {kind!r} manifest, not a {REPLAY_KIND!r} one; pass a folder written "
+                         "by `alibi replay teacher-forced`")
+    return ArmSteps(path=given, shape=ALIBI_SHAPE, records_file=str(records_file),
+                    records_sha256=sha256_file(records_file), kernel=arm.kernel, steps=tuple(steps),
+                    manifest_path=str(manifest))
+
+
+def _show_windows(windows: tuple[int, ...]) -> str:
+    if not windows:
+        return "none"
+    if list(windows) == list(range(windows[0], windows[0] + len(windows))):
+        return f"{windows[0]}…{windows[-1]}"
+    return ", ".join(map(str, windows[:8])) + (", …" if len(windows) > 8 else "")
+
+
+__all__ = ["ALIBI_SHAPE", "ENVELOPE_SHAPE", "LIST_SHAPE", "SHAPES", "ArmSteps", "Step", "read_arm"]
