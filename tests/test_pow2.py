@@ -432,13 +432,13 @@ def test_a_write_that_leaves_a_non_power_of_two_scale_is_refused_and_nothing_is_
     """Guards the final check: whatever path leaves a shard unrewritten (the index bug of issue 16
     did), the written checkpoint is read back, every weight_scale must be a power of two, and the
     output is never renamed into place otherwise."""
-    import alibi.pow2 as pow2
+    from alibi import pow2
 
     real_write = pow2._write
 
     def write_then_restore_one_scale(src, stage, replaced):
         real_write(src, stage, replaced)
-        name = sorted(k for k in replaced if k.endswith(".weight_scale"))[0]
+        name = min(k for k in replaced if k.endswith(".weight_scale"))
         for shard in sorted(stage.rglob("*.safetensors")):
             part = load_file(str(shard))
             if name in part:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from hostile import GIB, assert_one_line_error, main_one_line, run_alibi, run_python
-from model.builders import LLM_COMPRESSOR_W8A8, TINY_LLAMA, tiny_dense_tensors, write_dense, write_llm_compressor_style
 
 from alibi.errors import InputError
 from alibi.model.checkpoint import read_config, read_tensors, weight_files
 from alibi.model.compressed_tensors import read_w8a8
+from model.builders import LLM_COMPRESSOR_W8A8, TINY_LLAMA, tiny_dense_tensors, write_dense, write_llm_compressor_style
 
 INDEX = "model.safetensors.index.json"
 
@@ -73,7 +73,7 @@ def test_shards_in_a_subfolder_are_inside_the_folder_and_are_rewritten(sharded, 
 def test_an_index_value_that_is_not_a_file_name_is_one_line(sharded, tmp_path, capsys, value):
     """Guards: `sorted(set(weight_map.values()))` over ints/lists raised TypeError (a traceback)."""
     index = json.loads((sharded / INDEX).read_text())
-    first = sorted(index["weight_map"])[0]
+    first = min(index["weight_map"])
     index["weight_map"][first] = value
     (sharded / INDEX).write_text(json.dumps(index))
     main_one_line(capsys, ["pow2-rewrite", str(sharded), str(tmp_path / "o"), "--mode", "ceil", "--keep-weights"],
