@@ -216,12 +216,17 @@ def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: 
 
 
 # 7 -------------------------------------------------------------------------------------------
-def token_level_risk(flip_rate: float | None = None, bound: float | None = None) -> Verdict:
-    """Fires when the teacher-forced token flip rate exceeds the workload's bound."""
+def token_level_risk(flip_rate: float | None = None, bound: float | None = None, *,
+                     evidence: dict[str, Any] | None = None) -> Verdict:
+    """Fires when the teacher-forced token flip rate exceeds the workload's bound.
+
+    evidence: where the flip rate came from (the flip analysis file and its digest, counts),
+    carried into the verdict so a report names the replay it rests on.
+    """
     if flip_rate is None or bound is None:
-        return inapplicable("token-level-risk", "needs a teacher-forced replay of a model with both arms; "
-                             "tile conformance has no tokens", threshold=bound)
-    ev = {"flip_rate": flip_rate}
+        return inapplicable("token-level-risk", "needs a teacher-forced replay of a model with both arms "
+                             "(conform --replay FLIPS.json); tile conformance has no tokens", threshold=bound)
+    ev = {"flip_rate": flip_rate, **(evidence or {})}
     if flip_rate > bound:
         return fired("token-level-risk", f"flip rate {flip_rate:.4g} > bound {bound:.4g}", threshold=bound, evidence=ev)
     return passed("token-level-risk", f"flip rate {flip_rate:.4g} ≤ bound {bound:.4g}", threshold=bound, evidence=ev)

@@ -38,6 +38,7 @@ from alibi.numerics import (
     pow2_round,
 )
 from alibi.tile import Tile
+from alibi.token_risk import ReplayEvidence
 
 SCHEMA = "alibi.conform/v1"
 REGIMES = ("real", "pow2")
@@ -201,15 +202,21 @@ def _required_checks(units: list[dict[str, Any]]) -> list[str]:
 
 
 def summarize(units: list[dict[str, Any]], pair: Pair, *, source: dict[str, Any], seed: int | None,
-              regimes: Iterable[str], environment: dict[str, Any], created_at: str) -> dict[str, Any]:
-    """Fold unit results into the report (the `report.json` document)."""
+              regimes: Iterable[str], environment: dict[str, Any], created_at: str,
+              replay: ReplayEvidence | None = None) -> dict[str, Any]:
+    """Fold unit results into the report (the `report.json` document).
+
+    replay: a flip analysis of the same pair (`--replay`); check 7 is then judged on it instead of
+    being inapplicable on every tile, and the report records which file it used (`replay`).
+    """
     combined = []
     for check in checks.CHECKS:
         vs = [checks.Verdict(check, d["fired"], d["applicable"], d["detail"], d["threshold"], d["evidence"])
               for d in (u["verdicts"][check] for u in units)]
-        combined.append(checks.combine(vs))
+        combined.append(replay.verdict() if replay is not None and check == "token-level-risk"
+                        else checks.combine(vs))
     by_name = {v.check: v for v in combined}
-    required = _required_checks(units)
+    required = _required_checks(units) + (["token-level-risk"] if replay is not None else [])
     if any(v.fired for v in combined):
         verdict = "fail"
     elif all(by_name[c].applicable for c in required):
@@ -217,7 +224,7 @@ def summarize(units: list[dict[str, Any]], pair: Pair, *, source: dict[str, Any]
     else:
         verdict = "inconclusive"
     missing = [c for c in required if not by_name[c].applicable]
-    return {
+    report = {
         "schema": SCHEMA,
         "created_at": created_at,  # the only wall-clock field: everything else is reproducible
         "kernel_a": _kernel_record(pair.a),
@@ -233,6 +240,9 @@ def summarize(units: list[dict[str, Any]], pair: Pair, *, source: dict[str, Any]
         "tiles": units,
         "environment": environment,
     }
+    if replay is not None:
+        report["replay"] = replay.as_dict()
+    return report
 
 
 def _kernel_record(kernel: Kernel) -> dict[str, Any]:
@@ -273,11 +283,17 @@ def progress_printer(stream=sys.stderr) -> Callable[[int, int, str], None]:
 
 def conform(pair: Pair, tiles: list[Tile], regimes: Iterable[str] = REGIMES, *, source: dict[str, Any],
             seed: int | None = None, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
-            progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
-    """The whole procedure over `tiles` × `regimes`; returns the report document."""
+            progress: Callable[[int, int, str], None] | None = None,
+            replay: ReplayEvidence | None = None) -> dict[str, Any]:
+    """The whole procedure over `tiles` × `regimes`; returns the report document.
+
+    replay: the flip analysis check 7 is judged on (`alibi.token_risk`); it must be of this pair.
+    """
     regimes = validate_regimes(regimes)
     if not tiles:
         raise InputError("no tiles to check")
+    if replay is not None:
+        replay.require_pair(pair.a.name, pair.b.name)
     units = []
     total = len(tiles) * len(regimes)
     for tile in tiles:
@@ -289,7 +305,7 @@ def conform(pair: Pair, tiles: list[Tile], regimes: Iterable[str] = REGIMES, *, 
                 progress(len(units), total, f"{tile.name} [{regime}] {u['n_differing']} differing, "
                          f"max ulp {u['max_ulp']}")
     return summarize(units, pair, source=source, seed=seed, regimes=regimes, environment=environment(),
-                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), replay=replay)
 
 
 def exit_code(report: dict[str, Any], strict: bool = False) -> int:

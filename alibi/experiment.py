@@ -14,6 +14,8 @@ An experiment file (`experiments/<name>.yaml`)::
     scales: [real, pow2]                    # default: both
     seed: 0                                 # default 0 (synthetic tiles are drawn from it)
     options: {ulp_threshold: 1, invariance: true}
+    replay: results/smollm2-flips/flips.json   # optional: a flip analysis of the same pair (check 7)
+    flip_threshold: 0.05                    # optional, needs replay: check 7's bound (default 0.05)
     out: results/smollm2-layer-verification # required unless --out is given
 
 Relative paths are relative to the working directory: run experiments from the repository root.
@@ -67,7 +69,8 @@ EXPERIMENT_COPY = "experiment.yaml"
 UNITS_DIR = "units"
 REPORT_DIR = "report"
 
-_TOP_KEYS = {"name", "description", "prereg", "kernels", "source", "scales", "seed", "options", "out"}
+_TOP_KEYS = {"name", "description", "prereg", "kernels", "source", "scales", "seed", "options", "out", "replay",
+             "flip_threshold"}
 _SOURCE_KEYS = {"synthetic", "tiles", "pinned", "sha256"}
 _OPTION_KEYS = {"ulp_threshold", "invariance"}
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -101,7 +104,9 @@ class Experiment:
 
     file: the YAML path; sha256: digest of its bytes; kernels: (a, b) registry names; scales:
     the regimes to run; seed: the random seed; out: the artifact folder (None: must be given
-    on the command line); prereg: the protocol folder results are produced under, if any.
+    on the command line); prereg: the protocol folder results are produced under, if any;
+    replay: a flips.json check 7 is judged on (None: check 7 stays inapplicable); flip_threshold:
+    check 7's bound (only with replay).
     """
 
     name: str
@@ -116,12 +121,17 @@ class Experiment:
     description: str = ""
     ulp_threshold: int = 1
     invariance: bool = True
+    replay: str | None = None
+    flip_threshold: float | None = None
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues (everything but `out`)."""
-        return {"name": self.name, "sha256": self.sha256, "kernels": {"a": self.kernels[0], "b": self.kernels[1]},
-                "source": self.source.as_dict(), "scales": list(self.scales), "seed": self.seed,
-                "prereg": self.prereg, "options": {"ulp_threshold": self.ulp_threshold, "invariance": self.invariance}}
+        ident = {"name": self.name, "sha256": self.sha256, "kernels": {"a": self.kernels[0], "b": self.kernels[1]},
+                 "source": self.source.as_dict(), "scales": list(self.scales), "seed": self.seed,
+                 "prereg": self.prereg, "options": {"ulp_threshold": self.ulp_threshold, "invariance": self.invariance}}
+        if self.replay is not None:  # only then: run records of experiments without a replay keep their bytes
+            ident["replay"] = {"path": self.replay, "flip_threshold": self.flip_threshold}
+        return ident
 
 
 def _bad(file: Path, problem: str) -> InputError:
@@ -211,13 +221,26 @@ def load_experiment(path: str | Path) -> Experiment:
         raise _bad(file, f"options.invariance must be true or false, got {invariance!r}")
     out = raw.get("out")
     prereg = raw.get("prereg")
+    replay = raw.get("replay")
+    flip_threshold = raw.get("flip_threshold")
+    if flip_threshold is not None and replay is None:
+        raise _bad(file, "flip_threshold bounds the flip rate of a replay: add `replay: FLIPS.json` too")
+    if replay is not None:
+        from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, check_bound
+
+        try:
+            flip_threshold = check_bound(DEFAULT_FLIP_THRESHOLD if flip_threshold is None else flip_threshold,
+                                         "flip_threshold")
+        except InputError as exc:
+            raise _bad(file, str(exc)) from None
     return Experiment(
         name=name, file=file, sha256=sha256_bytes(data),
         kernels=(_string(file, "kernels.a", kernels["a"]), _string(file, "kernels.b", kernels["b"])),
         source=_source(file, raw["source"]), scales=tuple(scales), seed=seed,
         out=None if out is None else _string(file, "out", out),
         prereg=None if prereg is None else _string(file, "prereg", prereg),
-        description=str(raw.get("description") or ""), ulp_threshold=ulp, invariance=invariance)
+        description=str(raw.get("description") or ""), ulp_threshold=ulp, invariance=invariance,
+        replay=None if replay is None else _string(file, "replay", replay), flip_threshold=flip_threshold)
 
 
 def check_pinned(folder: Path, pinned: Path) -> None:
@@ -332,13 +355,20 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     regimes = conform.validate_regimes(exp.scales)
     pair = conform.choose_pair(*exp.kernels)
     inputs = resolve_inputs(exp)
+    replay = None
+    if exp.replay is not None:
+        from alibi.token_risk import load_replay
+
+        replay = load_replay(exp.replay, exp.flip_threshold)
+        replay.require_pair(pair.a.name, pair.b.name)
+    pinned_inputs = {"tiles": inputs.resource, **({"replay": replay.resource()} if replay is not None else {})}
     units_plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(inputs.tiles) for r in regimes]
     arms = {"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")}
     record = {
         "schema": RUN_SCHEMA,
         "experiment": exp.identity(),
         "protocol": None if protocol is None else protocol.as_dict(),
-        "inputs": {"tiles": inputs.resource},
+        "inputs": pinned_inputs,
         "arms": {k: t.as_dict() for k, t in arms.items()},
         "toolkit": toolkit_record(),
         "environment": environment_record(),
@@ -376,7 +406,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     # in the manifest, so every other byte of the folder is reproducible.
     created_at = utc_now()
     report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
-                               environment=conform.environment(), created_at=None)
+                               environment=conform.environment(), created_at=None, replay=replay)
     write_reports(report, out / REPORT_DIR)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
         from alibi.governance.criteria import CRITERIA_FILE, evaluate_study
@@ -384,7 +414,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         judged = evaluate_study(exp.prereg, {"report": out / REPORT_DIR / "report.json"})
         atomic.write_text(out / CRITERIA_FILE, judged.to_json())
     predicate = build_predicate(
-        inputs={"tiles": inputs.resource}, seed=exp.seed, arms=arms,
+        inputs=pinned_inputs, seed=exp.seed, arms=arms,
         parameters={"experiment": exp.identity(), "run_record_sha256": sha256_bytes(record_text.encode("utf-8")),
                     "verdict": report["verdict"], "units": len(units_plan)},
         protocol=None if protocol is None else protocol.as_dict(), created_at=created_at)

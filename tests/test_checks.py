@@ -110,6 +110,12 @@ def test_token_level_risk_fires_above_its_bound():
     assert checks.token_level_risk().status == "inapplicable"
 
 
+def test_token_level_risk_carries_the_replay_it_was_judged_on_in_its_evidence():
+    v = checks.token_level_risk(0.02, 0.05, evidence={"path": "flips.json", "sha256": "0" * 64, "n_positions": 50})
+    assert v.status == "passed" and v.threshold == 0.05
+    assert v.evidence == {"flip_rate": 0.02, "path": "flips.json", "sha256": "0" * 64, "n_positions": 50}
+
+
 def test_epilogue_model_catches_a_bf16_weight_scale_that_the_seven_checks_miss():
     tiles = [divergent_tile(seed=s) for s in range(3)]  # fp32 weight scales (not already bf16-exact)
     pair = Pair(Bf16ScaleEpilogue(), get_kernel("emulator:a_then_w"), "test")

@@ -194,3 +194,91 @@ def test_alibi_conform_flags_a_truncating_final_cast_as_an_epilogue_model_violat
     assert list(violation) == ["a"] and violation["a"]["max_ulp"] == 1
     # the paper's tolerance check cannot see it: a truncation stays within one ulp
     assert by["real-scale-tolerance"]["status"] == "passed"
+
+
+# check 7: token-level risk from a replay ------------------------------------------------------
+# Ten teacher-forced positions, three of them flipped: flip rate 0.3 (see tests/stats/builders.py).
+REPLAY_MARGINS = [[0.1, 2.0, 5.0, 0.3, 1.1], [4.0, 0.2, 3.0, 6.0, 0.9]]
+REPLAY_FLIPS = [[True, False, False, False, True], [False, True, False, False, False]]
+
+
+def _flips_json(tmp_path, **kw):
+    from stats.builders import write_flips
+
+    return write_flips(tmp_path / "replay", REPLAY_MARGINS, REPLAY_FLIPS, **kw)
+
+
+def _token_check(out):
+    report = json.loads((out / "report.json").read_text())
+    return report, next(c for c in report["checks"] if c["check"] == "token-level-risk")
+
+
+def test_check_7_fires_when_the_replay_flip_rate_exceeds_the_bound(tmp_path):
+    flips = _flips_json(tmp_path)
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--replay", str(flips), "--out", str(out), "--quiet"]) == 1
+    report, check = _token_check(out)
+    assert check["status"] == "fired" and check["threshold"] == 0.05 and check["evidence"]["flip_rate"] == 0.3
+    assert report["verdict"] == "fail"
+
+
+def test_check_7_passes_below_the_bound_and_the_report_names_the_flips_json(tmp_path):
+    from alibi.governance.manifest import read_manifest, sha256_file
+
+    flips = _flips_json(tmp_path)
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--replay", str(flips), "--flip-threshold", "0.3",
+                 "--out", str(out), "--quiet"]) == 0
+    report, check = _token_check(out)
+    assert check["status"] == "passed" and check["threshold"] == 0.3  # the bound is inclusive: 0.3 ≤ 0.3
+    assert report["replay"]["path"] == str(flips) and report["replay"]["sha256"] == sha256_file(flips)
+    assert check["evidence"]["sha256"] == sha256_file(flips) and check["evidence"]["n_positions"] == 10
+    manifest = read_manifest(out)
+    assert manifest.predicate["inputs"]["replay"]["digest"]["sha256"] == sha256_file(flips)
+    assert manifest.predicate["parameters"]["flip_threshold"] == 0.3
+
+
+def test_check_7_is_inapplicable_without_a_replay(tmp_path):
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(out), "--quiet"]) == 0
+    report, check = _token_check(out)
+    assert check["status"] == "inapplicable" and "--replay" in check["detail"] and "replay" not in report
+
+
+def test_a_replay_of_another_kernel_pair_is_refused(tmp_path, capsys):
+    flips = _flips_json(tmp_path, kernels=("torch-cpu", "emulator:a_then_w"))
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--replay", str(flips), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "compares torch-cpu with emulator:a_then_w, not emulator:w_then_a with emulator:a_then_w" in err
+    assert not out.exists()
+
+
+def _file(folder, name, text):
+    (folder / name).write_text(text)
+    return folder / name
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.json", "cannot read the flip analysis"),
+    (lambda d: _file(d, "empty.json", ""), "not valid JSON"),
+    (lambda d: _file(d, "cut.json", '{"schema": "alibi-flips/v1", "n_pos'), "not valid JSON"),
+    (lambda d: _file(d, "other.json", '{"schema": "alibi.conform/v1"}'), "not a flip analysis"),
+    (lambda d: _file(d, "partial.json", '{"schema": "alibi-flips/v1", "n_positions": 10}'), "lacks arm_a"),
+])
+def test_a_bad_replay_file_exits_2_naming_it_and_writes_no_report(tmp_path, capsys, make, message):
+    bad = make(tmp_path)
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--replay", str(bad), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(bad) in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--flip-threshold", "0.1"], "give --replay FLIPS.json too"),
+    (["--flip-threshold", "1.5", "--replay", "x.json"], "--flip-threshold must be a flip rate between 0 and 1"),
+])
+def test_a_flip_threshold_without_replay_or_out_of_range_exits_2(tmp_path, capsys, args, message):
+    assert main(["conform", *EMU, "--synthetic", "tiny", *args, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert message in capsys.readouterr().err

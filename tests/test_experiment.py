@@ -216,3 +216,59 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run_apart_from_
 def test_every_committed_experiment_file_is_valid(path):
     exp = load_experiment(path)
     assert exp.name == path.stem and exp.out is not None
+
+
+# check 7 from an experiment file's `replay:` -------------------------------------------------
+def _replay(tmp_path: Path) -> Path:
+    from stats.builders import write_flips
+
+    # 2 of 8 teacher-forced positions flip: rate 0.25, of the experiment's own pair
+    return write_flips(tmp_path / "replay", [[0.1, 2.0, 5.0, 0.3], [4.0, 0.2, 3.0, 6.0]],
+                       [[True, False, False, False], [False, True, False, False]])
+
+
+def _check7(report):
+    return next(c for c in report["checks"] if c["check"] == "token-level-risk")
+
+
+def test_an_experiment_replay_makes_check_7_applicable_and_pins_the_flips_json(tmp_path):
+    flips = _replay(tmp_path)
+    result = run_experiment(load_experiment(_experiment(tmp_path, replay=str(flips), flip_threshold=0.3)))
+    check = _check7(result.report)
+    assert check["status"] == "passed" and check["threshold"] == 0.3 and check["evidence"]["flip_rate"] == 0.25
+    assert result.exit_code == 0 and result.report["replay"]["path"] == str(flips)
+    m = read_manifest(tmp_path / "out")
+    from alibi.governance.manifest import sha256_file
+
+    assert m.predicate["inputs"]["replay"]["digest"]["sha256"] == sha256_file(flips)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["experiment"]["replay"]["flip_threshold"] == 0.3
+
+
+def test_an_experiment_replay_above_the_default_bound_fires_check_7(tmp_path):
+    result = run_experiment(load_experiment(_experiment(tmp_path, replay=str(_replay(tmp_path)))))
+    assert _check7(result.report)["status"] == "fired" and _check7(result.report)["threshold"] == 0.05
+    assert result.exit_code == 1
+
+
+def test_without_replay_check_7_stays_inapplicable_and_the_run_record_has_no_replay(tmp_path):
+    result = run_experiment(load_experiment(_experiment(tmp_path)))
+    assert _check7(result.report)["status"] == "inapplicable"
+    assert "replay" not in json.loads((tmp_path / "out" / "run.json").read_text())["experiment"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"flip_threshold": 0.1}, "flip_threshold bounds the flip rate of a replay"),
+    ({"replay": "x.json", "flip_threshold": 2}, "flip_threshold must be a flip rate between 0 and 1"),
+    ({"replay": ""}, "replay must be a non-empty string"),
+])
+def test_a_malformed_replay_key_is_refused(tmp_path, fields, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        load_experiment(_experiment(tmp_path, **fields))
+
+
+def test_an_unreadable_replay_fails_before_the_run_folder_is_created(tmp_path):
+    (tmp_path / "bad.json").write_text('{"schema": "alibi-flips/v1"')
+    exp = load_experiment(_experiment(tmp_path, replay=str(tmp_path / "bad.json")))
+    with pytest.raises(InputError, match="bad.json: not valid JSON"):
+        run_experiment(exp)
+    assert not (tmp_path / "out").exists()

@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ulp-threshold", type=int, default=1, help="tolerance of check 6 in ulps (default 1)")
     p.add_argument("--no-invariance", action="store_true", help="skip the M-invariance and run-to-run checks")
     p.add_argument("--strict", action="store_true", help="exit 1 on an inconclusive verdict too")
+    p.add_argument("--replay", type=Path, metavar="FLIPS.json",
+                   help="a flip analysis of this pair (`alibi analyze flips`): makes check 7 token-level-risk applicable")
+    p.add_argument("--flip-threshold", type=float, default=None, metavar="RATE",
+                   help="check 7's bound on the teacher-forced flip rate (default 0.05; needs --replay)")
     p.add_argument("--out", type=Path, default=Path("alibi-report"), help="report folder (default ./alibi-report)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
@@ -45,11 +49,16 @@ def run(args: argparse.Namespace) -> int:
     )
     from alibi.synthetic import DEFAULT_PRESET, synthetic_tiles
     from alibi.tile import load_tile_dir
+    from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
     atomic.check_writable_dir(args.out)
     if args.ulp_threshold < 0:
         raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
+    if args.flip_threshold is not None and args.replay is None:
+        raise InputError("--flip-threshold bounds the flip rate of a replay: give --replay FLIPS.json too")
+    replay = None if args.replay is None else load_replay(
+        args.replay, DEFAULT_FLIP_THRESHOLD if args.flip_threshold is None else args.flip_threshold)
     if args.tiles is not None:
         if args.rows is not None:
             raise InputError("--rows applies to --synthetic presets, not to --tiles")
@@ -67,15 +76,20 @@ def run(args: argparse.Namespace) -> int:
               f"{len(regimes)} regimes", file=sys.stderr)
     report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
                      ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
-                     progress=None if args.quiet else progress_printer())
+                     progress=None if args.quiet else progress_printer(), replay=replay)
     written = write_reports(report, args.out)
     inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
+    if replay is not None:
+        inputs["replay"] = replay.resource()
     predicate = build_predicate(inputs=inputs, seed=report["seed"],
                                 arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
                                 parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
-                                            "invariance": not args.no_invariance},
+                                            "invariance": not args.no_invariance,
+                                            **({"flip_threshold": replay.bound} if replay is not None else {})},
                                 created_at=report["created_at"])
     write_manifest(args.out, "report", predicate, files=[p.name for p in written])
     print("\n".join(summary_lines(report)))
+    if replay is not None:
+        print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
     print(f"  report: {args.out}/report.json, report.md, junit.xml, manifest.json")
     return exit_code(report, strict=args.strict)
