@@ -32,6 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="an input the artifact was made from (checkpoint, prompts, tokenizer, "
                         "quantization_config, tiles); pinned by its sha256 (repeatable)")
     w.add_argument("--seed", type=int, default=None, help="the random seed used, if any")
+    w.add_argument("--kernel-log", type=Path, metavar="FILE",
+                   help="the engine's log (vLLM): its 'Selected <kernel class> for <layer>' lines are recorded "
+                        "as treatment evidence (predicate.treatment.kernel_log)")
+    w.add_argument("--kernel", metavar="NAME",
+                   help="the alibi kernel that ran (e.g. vllm-cutlass): its name, build digest and declared "
+                        "epilogue join the treatment; must agree with --kernel-log")
+    w.add_argument("--arm", metavar="LABEL", help="the arm's label in the treatment (default: the folder's name)")
     w.set_defaults(func=_write)
 
     v = sub.add_parser("verify", help="check one manifest's files, or the identity contract between two",
@@ -61,9 +68,28 @@ def _write(args: argparse.Namespace) -> int:
         if not sep or not name or not path:
             raise InputError(f"--input {item!r}: expected NAME=PATH, e.g. --input prompts=prompts/eval.jsonl")
         inputs[name] = resource(path, path)
-    path = write_manifest(args.folder, args.kind, build_predicate(inputs=inputs, seed=args.seed))
+    treatment = _treatment(args)
+    path = write_manifest(args.folder, args.kind, build_predicate(inputs=inputs, seed=args.seed, treatment=treatment))
     print(f"wrote {path}")
     return 0
+
+
+def _treatment(args: argparse.Namespace):
+    """The treatment `--kernel` and `--kernel-log` describe, or None when neither is given."""
+    if args.kernel is None and args.kernel_log is None:
+        if args.arm is not None:
+            raise InputError("--arm labels a treatment: give --kernel NAME and/or --kernel-log FILE with it")
+        return None
+    from alibi.governance.kernel_log import engine_treatment, read_kernel_log
+    from alibi.governance.manifest import treatment_of
+
+    arm = args.arm or args.folder.resolve().name
+    log = read_kernel_log(args.kernel_log) if args.kernel_log is not None else None
+    if args.kernel is None:
+        return engine_treatment(log, arm)
+    from alibi.kernels import get_kernel
+
+    return treatment_of(get_kernel(args.kernel), arm, kernel_log=log)
 
 
 def _verify(args: argparse.Namespace) -> int:

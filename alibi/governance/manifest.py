@@ -339,22 +339,28 @@ class Treatment:
     hex sha256 of the kernel's build (compiled binary or source, see `kernel_build_digest`);
     epilogue_model: the declared epilogue (`EpilogueModel.name`, e.g. "w_then_a+fma"), None when
     the kernel declares none; kernel_evidence: what `Kernel.evidence()` reported (device, versions).
+    kernel_log: an engine's kernel-selection lines (`alibi.governance.kernel_log.KernelLog`), when
+    the arm ran inside one (vLLM); `kernel` is None for an arm evidenced by its log alone.
     """
 
     arm: str
-    kernel: str
+    kernel: str | None
     kernel_build_digest: str | None
     epilogue_model: str | None
     kernel_evidence: Mapping[str, Any] | None = None
+    kernel_log: Any = None  # KernelLog | None (kernel_log.py imports this module)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "arm": self.arm,
             "kernel": self.kernel,
             "kernel_build_digest": None if self.kernel_build_digest is None else digest_set(self.kernel_build_digest),
             "epilogue_model": self.epilogue_model,
             "kernel_evidence": None if self.kernel_evidence is None else dict(self.kernel_evidence),
         }
+        if self.kernel_log is not None:  # only then: manifests without a log keep their bytes
+            doc["kernel_log"] = self.kernel_log.to_json()
+        return doc
 
 
 def _source_file(obj: Any) -> str | None:
@@ -401,13 +407,22 @@ def kernel_build_digest(kernel: Any) -> str:
     return sha256_bytes(listing.encode("utf-8"))
 
 
-def treatment_of(kernel: Any, arm: str) -> Treatment:
-    """The treatment record of `kernel` run as arm `arm` (name, build digest, epilogue, evidence)."""
+def treatment_of(kernel: Any, arm: str, kernel_log: Any = None) -> Treatment:
+    """The treatment record of `kernel` run as arm `arm` (name, build digest, epilogue, evidence).
+
+    kernel_log: the engine's kernel-selection evidence (`kernel_log.read_kernel_log(path)`), if the
+    arm ran inside vLLM; it must name the vLLM class the kernel runs, when the kernel declares one.
+    """
+    if kernel_log is not None:
+        from alibi.governance.kernel_log import require_consistent
+
+        require_consistent(kernel_log, kernel)
     epilogue = getattr(kernel, "epilogue", None)
     evidence = kernel.evidence() if callable(getattr(kernel, "evidence", None)) else None
     return Treatment(arm=arm, kernel=kernel.name, kernel_build_digest=kernel_build_digest(kernel),
                      epilogue_model=None if epilogue is None else epilogue.name,
-                     kernel_evidence=None if evidence is None else json.loads(json.dumps(evidence, default=str)))
+                     kernel_evidence=None if evidence is None else json.loads(json.dumps(evidence, default=str)),
+                     kernel_log=kernel_log)
 
 
 def build_predicate(*, inputs: Mapping[str, Mapping[str, Any]] | None = None, seed: int | None = None,
