@@ -1,18 +1,17 @@
-"""A treatment covers every field that follows from it: two captures of two checkpoints differ only in the checkpoint."""
+"""A treatment covers every field that follows from it: captures of two checkpoints differ only in the checkpoint."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
+from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
 from alibi import atomic
 from alibi.cli import main
 from alibi.governance.identity import compare_manifests, treatment_fields
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
-
-from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
 needs_model_extra = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("tokenizers") is None,

@@ -7,11 +7,36 @@ import json
 
 import pytest
 
+from alibi import atomic
 from alibi.cli import main
+from alibi.model.checkpoint import write_checkpoint
+from alibi.model.compressed_tensors import quantize_dense
 from alibi.synthetic import synthetic_tiles
 from alibi.tile import save_tile
 
-from .test_capture_cli import needs_model_extra, workspace  # noqa: F401 - the tiny model and prompt set
+from .builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
+
+needs_model_extra = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("tokenizers") is None,
+    reason="needs transformers and tokenizers (pip install 'integer-alibi[model]')")
+CORPUS = " ".join(f"Step {i}: a command that takes a while says what it is doing, {i % 9} times." for i in range(400))
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """A tiny W8A8 + bf16 checkpoint sharing a tokenizer, and a 2 × 48 prompt set."""
+    write_tiny_tokenizer(tmp_path / "tok", CORPUS)
+    tok = {"tokenizer.json": (tmp_path / "tok" / "tokenizer.json").read_bytes()}
+    dense = tiny_dense_tensors(seed=5)
+    ckpt = quantize_dense(TINY_LLAMA, dense)
+    with atomic.staged_dir(tmp_path / "w8a8") as stage:
+        write_checkpoint(stage, ckpt.config, ckpt.tensors(), tok)
+    with atomic.staged_dir(tmp_path / "bf16") as stage:
+        write_checkpoint(stage, TINY_LLAMA, dense, tok)
+    (tmp_path / "corpus.txt").write_text(CORPUS)
+    assert main(["prompts", "build", "--text", str(tmp_path / "corpus.txt"), "--tokenizer", str(tmp_path / "w8a8"),
+                 "--windows", "2", "--tokens", "48", "--out", str(tmp_path / "set")]) == 0
+    return tmp_path
 
 
 def _stage_lines(err: str, command: str) -> list[str]:
