@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "alibi.cli.pow2",
     "alibi.cli.replay",
     "alibi.cli.analyze",
+    "alibi.cli.sweep",
 ]
 
 

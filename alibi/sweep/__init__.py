@@ -1,0 +1,9 @@
+"""Sweeps: divergence between two kernels as the reduction depth K grows (`depth`) and across the
+number of rows M (`rows`, the decode regime), with the typed records they write.
+
+Modules: `operands` (seeded INT8/FP8 operands, nested prefixes), `arms` (resolving and placing the
+two kernels, the CPU fp8 reference kernel), `compare` (the fp64 reference and the per-record
+measurements, on the kernels' device), `records` (the result types, JSON/CSV I/O), `depth` and
+`rows` (the two sweeps), `figure` (matplotlib figures), `summary` (the Markdown table of fits).
+See docs/sweeps.md.
+"""

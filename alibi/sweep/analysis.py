@@ -1,0 +1,77 @@
+"""`alibi analyze depth`: fit every given depth sweep, attach a rows sweep, write fits.json, fits.md and figures.
+
+`fits.json` is a `DepthAnalysis` (schema `alibi-depth-fits/v1`): one `alibi.stats.depth.DepthFits`
+per input sweep, in the order given, plus the rows sweep when one is passed. `fits.md` renders it
+(`alibi.sweep.summary`); `depth.png|svg` and `rows.png|svg` are the figures (`alibi.sweep.figure`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from alibi import atomic
+from alibi.governance import build_predicate, resource, write_manifest
+from alibi.stats.depth import LEVEL, DepthData, DepthFits, fit_depth
+from alibi.stats.typed import TypedResult
+from alibi.sweep.records import DepthInput, RowsSweep
+
+FITS_SCHEMA = "alibi-depth-fits/v1"
+FITS_JSON, FITS_MD = "fits.json", "fits.md"
+
+
+@dataclass(frozen=True)
+class DepthAnalysis(TypedResult):
+    """The fits of several depth sweeps (`analyses`, with their `sources`), the bootstrap settings
+    they share, and optionally a rows sweep (`rows`, read from `rows_source`)."""
+
+    SCHEMA = FITS_SCHEMA
+
+    sources: tuple[str, ...]
+    analyses: tuple[DepthFits, ...]
+    bootstrap: int
+    bootstrap_seed: int
+    level: float
+    rows_source: str | None
+    rows: RowsSweep | None
+    schema: str = FITS_SCHEMA
+
+
+def analyze(inputs: list[DepthInput], rows: RowsSweep | None, rows_source: str | None, *, bootstrap: int,
+            bootstrap_seed: int, progress=None) -> DepthAnalysis:
+    fits = []
+    for item in inputs:
+        sweep = item.sweep
+        fits.append(fit_depth(item.data, source=item.source, label=item.label,
+                              format=None if sweep is None else sweep.format,
+                              kernel_a=None if sweep is None else sweep.kernel_a,
+                              kernel_b=None if sweep is None else sweep.kernel_b,
+                              bootstrap=bootstrap, bootstrap_seed=bootstrap_seed))
+        if progress:
+            progress(f"{item.label}: {fits[-1].status}, selected {fits[-1].selected}")
+    return DepthAnalysis(tuple(i.source for i in inputs), tuple(fits), bootstrap, bootstrap_seed, LEVEL,
+                         rows_source, rows)
+
+
+def write_analysis_folder(analysis: DepthAnalysis, data: list[DepthData], inputs: list[str | Path],
+                          rows_path: str | Path | None, out: str | Path) -> list[str]:
+    """fits.json, fits.md, the figures and a manifest, staged and renamed into place when complete."""
+    from alibi.sweep.figure import depth_figure, rows_figure
+    from alibi.sweep.summary import fits_markdown
+
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / FITS_JSON, analysis.to_json())
+        atomic.write_text(stage / FITS_MD, fits_markdown(analysis))
+        written = [FITS_JSON, FITS_MD]
+        written += [p.name for p in depth_figure(list(zip(analysis.analyses, data)), stage / "depth")]
+        if analysis.rows is not None:
+            written += [p.name for p in rows_figure(analysis.rows, stage / "rows")]
+        resources = {f"sweep{i}": resource(f"sweep{i}", p) for i, p in enumerate(inputs)}
+        if rows_path is not None:
+            resources["rows"] = resource("rows", rows_path)
+        predicate = build_predicate(inputs=resources, seed=analysis.bootstrap_seed,
+                                    parameters={"analysis": "depth", "bootstrap": analysis.bootstrap,
+                                                "level": analysis.level, "sources": list(analysis.sources),
+                                                "rows_source": analysis.rows_source})
+        write_manifest(stage, "depth-fits", predicate, files=written)
+    return written + ["manifest.json"]

@@ -1,0 +1,50 @@
+"""Sweep folders: the JSON, the CSV and the manifest, staged and renamed into place only when complete."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from alibi import atomic
+from alibi.governance import build_predicate, treatment_of, write_manifest
+from alibi.sweep.arms import Arm
+from alibi.sweep.records import (
+    DEPTH_CSV,
+    DEPTH_JSON,
+    ROWS_CSV,
+    ROWS_JSON,
+    DepthSweep,
+    RowsSweep,
+)
+
+
+def _arms(arms: tuple[Arm, Arm]) -> dict:
+    return {a.label: treatment_of(a.kernel, a.label) for a in arms}
+
+
+def write_depth_folder(sweep: DepthSweep, arms: tuple[Arm, Arm], out: str | Path) -> Path:
+    parameters = {"sweep": "depth", "format": sweep.format, "fp8_scales": sweep.fp8_scales, "M": sweep.M,
+                  "N": sweep.N, "Ks": list(sweep.Ks), "seeds": list(sweep.seeds), "nested_prefix": sweep.nested_prefix,
+                  "near_zero_rel": sweep.near_zero_rel, "operands": sweep.operands,
+                  "operand_device": sweep.operand_device, "reference": sweep.reference,
+                  "timing": asdict(sweep.timing)}
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / DEPTH_JSON, sweep.to_json())
+        atomic.write_text(stage / DEPTH_CSV, sweep.to_csv())
+        predicate = build_predicate(seed=sweep.seeds[0], arms=_arms(arms), parameters=parameters)
+        write_manifest(stage, "depth-sweep", predicate, files=[DEPTH_JSON, DEPTH_CSV])
+    return Path(out)
+
+
+def write_rows_folder(sweep: RowsSweep, arms: tuple[Arm, Arm], out: str | Path) -> Path:
+    parameters = {"sweep": "rows", "format": sweep.format, "fp8_scales": sweep.fp8_scales, "K": sweep.K,
+                  "N": sweep.N, "Ms": list(sweep.Ms), "elements_target": sweep.elements_target,
+                  "rows_per_block": sweep.rows_per_block, "confidence": sweep.confidence,
+                  "operands": sweep.operands, "operand_device": sweep.operand_device,
+                  "timing": asdict(sweep.timing)}
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / ROWS_JSON, sweep.to_json())
+        atomic.write_text(stage / ROWS_CSV, sweep.to_csv())
+        predicate = build_predicate(seed=sweep.seed, arms=_arms(arms), parameters=parameters)
+        write_manifest(stage, "rows-sweep", predicate, files=[ROWS_JSON, ROWS_CSV])
+    return Path(out)
