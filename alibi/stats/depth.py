@@ -53,6 +53,7 @@ FORMULAS = {"constant": "c", "power": "c·K^α", "sqrt_saturation": "1 − exp(�
 N_PARAMS = {"constant": 1, "power": 2, "sqrt_saturation": 1, "gen_saturation": 2}
 FREE_ALPHA = {"power", "gen_saturation"}
 ALPHA_BOUNDS = (-4.0, 4.0)
+AT_BOUND = 1e-3  # an exponent this close to ALPHA_BOUNDS is the optimizer pressing on the box, not an estimate
 LOG_B_BOUNDS = (-80.0, 30.0)
 MIN_DISTINCT_K = 3
 BAND_POINTS = 41
@@ -423,7 +424,7 @@ def fit_depth(data: DepthData, *, source: str, label: str, format: str | None = 
         loso = _held_out(model, u, f, seeds, "leave-one-seed-out", fit.theta)
         loko = _held_out(model, u, f, K, "leave-one-K-out", fit.theta)
         at_bound = bool(model in FREE_ALPHA and
-                        min(abs(fit.theta[1] - ALPHA_BOUNDS[0]), abs(fit.theta[1] - ALPHA_BOUNDS[1])) < 1e-6)
+                        min(abs(fit.theta[1] - ALPHA_BOUNDS[0]), abs(fit.theta[1] - ALPHA_BOUNDS[1])) < AT_BOUND)
         fits[model] = ModelFit(model, FORMULAS[model], N_PARAMS[model], "ok", _params(model, fit.theta, K0),
                                math.sqrt(fit.sse / len(f)), loso, loko,
                                alpha_at_bound=at_bound if model in FREE_ALPHA else None)
@@ -498,7 +499,9 @@ def _statement(fits: DepthFits) -> str:
         m = next(x for x in fits.models if x.model == fits.selected)
         st = fits.stability
         desc = f"{who}: the fraction differing is compatible with {m.formula}"
-        if m.params is not None and m.params.alpha_free and st is not None:
+        if m.alpha_at_bound:
+            desc += f" (its exponent sits on the search bound {ALPHA_BOUNDS}: a boundary, not an estimate)"
+        elif m.params is not None and m.params.alpha_free and st is not None:
             ci = st.alpha_ci
             desc += (f", α = {m.params.alpha:.4f}" +
                      (f" (seed-bootstrap CI90 [{ci.low:.4f}, {ci.high:.4f}], B = {st.bootstrap_b})" if ci else ""))
