@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def teacher_forced(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
-    from alibi.replay.setup import stderr_progress
+    from alibi.progress import progress
 
     pair = args.kernel_a is not None or args.kernel_b is not None
     if pair:
@@ -78,7 +78,8 @@ def teacher_forced(args: argparse.Namespace) -> int:
 
     arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                              context=args.context, positions=args.positions, arm=args.arm, device=args.device,
-                             overwrite=args.overwrite, progress=stderr_progress(args.quiet))
+                             overwrite=args.overwrite,
+                             progress=progress("teacher-forced", quiet=args.quiet, unit="window"))
     print(f"teacher-forced: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} after "
           f"{arm.context} tokens) with {arm.kernel or 'the dense model'} → {args.out}")
     return 0
@@ -86,10 +87,9 @@ def teacher_forced(args: argparse.Namespace) -> int:
 
 def greedy(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
+    from alibi.progress import progress
     from alibi.replay import greedy as lib
-    from alibi.replay.setup import stderr_progress
 
-    progress = stderr_progress(args.quiet)
     if args.kernel_a is not None or args.kernel_b is not None:
         if args.kernel is not None or args.arm is not None:
             raise InputError("--kernel/--arm make one run of one arm; --kernel-a/--kernel-b compare two: give one form")
@@ -109,19 +109,20 @@ def greedy(args: argparse.Namespace) -> int:
     run = lib.run_greedy_arm(args.model, args.prompts, args.out, kernel=args.kernel, arm=args.arm,
                              run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              windows=args.windows, batch_size=args.batch_size, device=args.device,
-                             overwrite=args.overwrite, progress=progress)
+                             overwrite=args.overwrite, progress=progress("greedy", quiet=args.quiet, unit="prompt"))
     print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
           f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
     return 0
 
 
 def prefill_vs_decode(args: argparse.Namespace) -> int:
+    from alibi.progress import progress
     from alibi.replay.prefill_decode import run_prefill_vs_decode, summary_lines
-    from alibi.replay.setup import stderr_progress
 
     result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                                    context=args.context, positions=args.positions, device=args.device,
-                                   overwrite=args.overwrite, progress=stderr_progress(args.quiet))
+                                   overwrite=args.overwrite,
+                                   progress=progress("prefill-vs-decode", quiet=args.quiet, unit="window"))
     for line in summary_lines(result):
         print(line)
     return 0

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
+from alibi.progress import Progress
 from alibi.replay.records import window_sha256
-from alibi.replay.setup import Progress
 
 RUN_SCHEMA = "alibi-greedy-run/v1"
 SCHEMA = "alibi-greedy/v1"
@@ -80,7 +80,7 @@ class GreedyRun:
         return _dump(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str, where: str = RUN_FILE) -> "GreedyRun":
+    def from_json(cls, text: str, where: str = RUN_FILE) -> GreedyRun:
         doc = _load(text, where, RUN_SCHEMA)
         try:
             run = cls(**{f.name: doc[f.name] for f in fields(cls)})
@@ -145,7 +145,7 @@ class GreedyAgreement:
         return _dump(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> "GreedyAgreement":
+    def from_json(cls, text: str, where: str = RESULT_FILE) -> GreedyAgreement:
         doc = _load(text, where, SCHEMA)
 
         def runs(value) -> tuple[tuple[tuple[int, ...], ...], ...]:
@@ -198,9 +198,9 @@ def compare_runs(runs_a: list[GreedyRun], runs_b: list[GreedyRun], identity: dic
 def summary_lines(result: GreedyAgreement) -> list[str]:
     """A short human summary of a comparison (stdout of the two-arm command)."""
     diverged = [d for d in result.first_divergence if d is not None]
-    lines = [f"greedy: {result.kernel_a} (a) vs {result.kernel_b} (b), {result.n_prompts} prompts × "
-             f"{result.new_tokens} new tokens after {result.prompt_tokens}, batch {result.batch_size}, "
-             f"{result.runs_per_arm} fresh-process runs per arm",
+    lines = [(f"greedy: {result.kernel_a} (a) vs {result.kernel_b} (b), {result.n_prompts} prompts × "
+              f"{result.new_tokens} new tokens after {result.prompt_tokens}, batch {result.batch_size}, "
+              f"{result.runs_per_arm} fresh-process runs per arm"),
              f"  arm a reproduces itself: {result.arm_a_reproduces}; arm b: {result.arm_b_reproduces}",
              f"  identical sequences across arms: {result.identical_sequences}/{result.n_prompts}"]
     if diverged:
@@ -247,7 +247,7 @@ def generate(lm, input_ids: torch.Tensor, windows: tuple[int, ...], prompt_token
         ids = input_ids[batch, :prompt_tokens]
         out += [tuple(row) for row in lm.greedy_batch(ids, new_tokens).tolist()]
         if progress:
-            progress(f"greedy: {len(out)}/{len(windows)} prompts × {new_tokens} tokens")
+            progress(len(out), len(windows), f"prompts {batch[0]}..{batch[-1]}: {new_tokens} tokens each")
     return tuple(out)
 
 
@@ -259,7 +259,12 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
     from alibi.model.runner import load_model
-    from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate
+    from alibi.replay.setup import (
+        check_output,
+        load_prompts,
+        open_inputs,
+        replay_predicate,
+    )
 
     model_dir = Path(model_dir)
     prompts = load_prompts(prompts_dir)
@@ -273,8 +278,8 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     name = lm.kernel.name if lm.kernel is not None else None
     label = arm or name or "dense"
     if progress:
-        progress(f"greedy run {label}-{run_index}: {name or 'dense'} on {lm.device}, {len(chosen)} prompts, "
-                 f"batch {batch_size}")
+        progress.note(f"greedy run {label}-{run_index}: {name or 'dense'} on {lm.device}, {len(chosen)} prompts, "
+                      f"batch {batch_size}")
     start = time.perf_counter()
     sequences = generate(lm, prompts.input_ids, chosen, prompt_tokens, new_tokens, batch_size, progress)
     seconds = time.perf_counter() - start

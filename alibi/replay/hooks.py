@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 
@@ -108,7 +109,7 @@ class ModuleRecorder:
 
     # --- context -----------------------------------------------------------------------------
 
-    def __enter__(self) -> "ModuleRecorder":
+    def __enter__(self) -> Self:
         model = self.lm.model
         self._names = {id(m): name for name, m in model.named_modules()}
         self._handles.append(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))

@@ -30,14 +30,14 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from alibi.errors import InputError
 from alibi.numerics import bits
+from alibi.progress import Progress
 from alibi.replay.hooks import ModuleRecorder
-from alibi.replay.setup import Progress, Span
+from alibi.replay.setup import Span
 
 SCHEMA = "alibi-prefill-decode/v1"
 RESULT_FILE = "prefill_decode.json"
@@ -123,7 +123,7 @@ class PrefillDecodeResult:
         return json.dumps(asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> "PrefillDecodeResult":
+    def from_json(cls, text: str, where: str = RESULT_FILE) -> PrefillDecodeResult:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -220,8 +220,7 @@ def prefill_vs_decode(lm, input_ids: torch.Tensor, span: Span, progress: Progres
         context_logits += int(cmp.logit_rows[:t].sum())
         if progress:
             differ = sum(not d.logits_identical for d in cmp.detail)
-            progress(f"prefill-vs-decode window {k + 1}/{len(span.windows)} (index {w}): {differ}/{span.positions} "
-                     f"positions with differing logits, {time.perf_counter() - start:.1f}s")
+            progress(k + 1, len(span.windows), f"window {w}: logits differ at {differ}/{span.positions} positions")
     differing = [d for d in details if not d.logits_identical]
     flips = [d for d in details if d.flip]
     firsts = Counter(d.first_module for d in differing if d.first_module is not None)
@@ -245,10 +244,10 @@ def prefill_vs_decode(lm, input_ids: torch.Tensor, span: Span, progress: Progres
 
 def summary_lines(result: PrefillDecodeResult) -> list[str]:
     """A short human summary (stdout of the command)."""
-    lines = [f"prefill-vs-decode with {result.kernel or 'the dense model'}: {result.n_positions} positions "
-             f"({len(result.windows)} windows × {result.positions} after {result.context} tokens)",
-             f"  logits bitwise identical: {result.logits_identical}/{result.n_positions}; argmax flips: "
-             f"{result.argmax_flips}; unattributed: {result.unattributed}"]
+    lines = [(f"prefill-vs-decode with {result.kernel or 'the dense model'}: {result.n_positions} positions "
+              f"({len(result.windows)} windows × {result.positions} after {result.context} tokens)"),
+             (f"  logits bitwise identical: {result.logits_identical}/{result.n_positions}; argmax flips: "
+              f"{result.argmax_flips}; unattributed: {result.unattributed}")]
     for kind, count in list(result.first_kind_counts.items())[:5]:
         lines.append(f"  first differing module {kind}: {count} positions")
     if not result.attention_core:
@@ -274,7 +273,12 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
     from alibi.model.runner import load_model
-    from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate
+    from alibi.replay.setup import (
+        check_output,
+        load_prompts,
+        open_inputs,
+        replay_predicate,
+    )
 
     prompts = load_prompts(prompts_dir)
     span = resolve_pvd_span(prompts, windows, context, positions, prompts_dir)
@@ -282,8 +286,8 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
     inputs = open_inputs(model_dir, prompts)
     lm = load_model(model_dir, kernel, device)
     if progress:
-        progress(f"prefill-vs-decode: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
-                 f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens")
+        progress.note(f"prefill-vs-decode: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
+                      f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens")
     result = prefill_vs_decode(lm, prompts.input_ids, span, progress)
     label = lm.kernel.name if lm.kernel is not None else "dense"
     with atomic.staged_dir(out) as stage:

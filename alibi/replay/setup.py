@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
 
-Progress = Callable[[str], None]
 MANIFEST_KIND = "replay"
 
 
-def stderr_progress(quiet: bool = False) -> Progress:
-    """A progress callback printing plain lines to stderr (silent with `quiet`)."""
+def note_lines(quiet: bool = False):
+    """A one-argument callback printing plain lines to stderr (silent with `quiet`): what
+    `alibi.stats.flips.analyze_flips` takes for its progress."""
     if quiet:
-        return lambda _msg: None
+        return None
 
     def emit(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -26,8 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +34,9 @@ from pathlib import Path
 import torch
 
 from alibi.errors import InputError
+from alibi.progress import Progress
 from alibi.replay.records import ArmRecords, TokenRecord, window_sha256, write_records
-from alibi.replay.setup import Progress, Span
+from alibi.replay.setup import Span
 
 HASH_CHUNK_ROWS = 32  # rows per hashing job: enough jobs to use the pool, few enough to keep overhead low
 
@@ -96,18 +96,35 @@ class RowHasher:
         self._pool.shutdown(wait=True)
 
 
-def _to_host(rows: torch.Tensor) -> torch.Tensor:
-    """A host copy of `rows` that later device work cannot change (pinned and asynchronous on CUDA:
-    the caller's next blocking copy on the same stream orders it)."""
-    if rows.device.type == "cpu":
-        return rows.contiguous()
-    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-    host.copy_(rows, non_blocking=True)
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of `t` that later device work cannot change: on CUDA an asynchronous copy into
+    pinned memory, complete once an event recorded after it has completed (see `_InFlight`)."""
+    if t.device.type == "cpu":
+        return t.contiguous()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
     return host
 
 
 @dataclass(frozen=True)
-class _Pending:
+class _InFlight:
+    """One window whose scoring was queued on the device; its host copies are valid after `done`."""
+
+    window: int
+    prompt_sha256: str
+    forced: list[int]
+    rows: torch.Tensor   # [P,V] fp32, host
+    stats: torch.Tensor  # [P,4] fp32, host: forced, top-1, top-2 log-probabilities, margin
+    top1: torch.Tensor   # [P] int64, host
+    done: torch.cuda.Event | None
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+
+@dataclass(frozen=True)
+class _Scored:
     window: int
     prompt_sha256: str
     forced: list[int]
@@ -118,35 +135,52 @@ class _Pending:
 
 def replay_windows(lm, input_ids: torch.Tensor, span: Span, progress: Progress | None = None,
                    hasher: RowHasher | None = None) -> tuple[TokenRecord, ...]:
-    """Teacher-forced records of `lm` over `span` of the prompt ids [N,L], window-major."""
+    """Teacher-forced records of `lm` over `span` of the prompt ids [N,L], window-major.
+
+    A one-window pipeline: window i's scoring and host copies are queued on the device, then
+    window i+1's forward is queued before window i's results are waited for, so the device never
+    idles on the host (on the CPU every step simply runs in order). Digests run on `hasher`'s pool.
+    """
     own = hasher is None
     hasher = hasher or RowHasher()
-    pending: list[_Pending] = []
     t, p = span.context, span.positions
-    start = time.perf_counter()
+    scored: list[_Scored] = []
+
+    def finish(item: _InFlight) -> None:
+        item.wait()
+        _check_finite(item.stats, item.window, t, lm)
+        scored.append(_Scored(item.window, item.prompt_sha256, item.forced, item.stats.tolist(), item.top1.tolist(),
+                              hasher.submit(item.rows)))
+        if progress:
+            progress(len(scored), len(span.windows), f"window {item.window}: {p} positions scored")
+
     try:
-        for k, w in enumerate(span.windows):
+        previous: _InFlight | None = None
+        for w in span.windows:
             ids = input_ids[w]
             rows = lm.logits(ids[: span.fed].reshape(1, -1))[0, t - 1 : t + p - 1]
             forced = ids[t : t + p]
             s = score_rows(rows, forced)
-            host = _to_host(rows)
-            stats = torch.stack([s.forced_logprob, s.top1_logprob, s.top2_logprob, s.margin], dim=1).cpu()
-            top1 = s.top1_id.cpu()
-            pending.append(_Pending(w, window_sha256(ids), forced.tolist(), stats.tolist(), top1.tolist(),
-                                    hasher.submit(host)))
-            _check_finite(stats, w, t, lm)
-            if progress:
-                progress(f"teacher-forced window {k + 1}/{len(span.windows)} (index {w}): {p} positions scored, "
-                         f"{time.perf_counter() - start:.1f}s")
+            stats = torch.stack([s.forced_logprob, s.top1_logprob, s.top2_logprob, s.margin], dim=1)
+            host_rows, host_stats, host_top1 = _to_host(rows), _to_host(stats), _to_host(s.top1_id)
+            done = None
+            if rows.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+            current = _InFlight(w, window_sha256(ids), forced.tolist(), host_rows, host_stats, host_top1, done)
+            if previous is not None:
+                finish(previous)
+            previous = current
+        if previous is not None:
+            finish(previous)
         records = []
-        for pend in pending:
-            digests = hasher.result(pend.digests)
+        for item in scored:
+            digests = hasher.result(item.digests)
             for i in range(p):
-                forced_lp, top1_lp, top2_lp, margin = pend.stats[i]
-                records.append(TokenRecord(window=pend.window, prompt_sha256=pend.prompt_sha256, position=t + i,
-                                           forced_id=int(pend.forced[i]), forced_logprob=forced_lp,
-                                           top1_id=int(pend.top1[i]), top1_logprob=top1_lp, top2_logprob=top2_lp,
+                forced_lp, top1_lp, top2_lp, margin = item.stats[i]
+                records.append(TokenRecord(window=item.window, prompt_sha256=item.prompt_sha256, position=t + i,
+                                           forced_id=int(item.forced[i]), forced_logprob=forced_lp,
+                                           top1_id=int(item.top1[i]), top1_logprob=top1_lp, top2_logprob=top2_lp,
                                            margin=margin, logits_sha256=digests[i]))
         return tuple(records)
     finally:
@@ -174,7 +208,13 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
     from alibi.model.runner import load_model
-    from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
+    from alibi.replay.setup import (
+        check_output,
+        load_prompts,
+        open_inputs,
+        replay_predicate,
+        resolve_span,
+    )
 
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
@@ -183,8 +223,8 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     lm = load_model(model_dir, kernel, device)
     label = arm or (lm.kernel.name if lm.kernel is not None else "dense")
     if progress:
-        progress(f"teacher-forced replay: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
-                 f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens of context")
+        progress.note(f"teacher-forced replay: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
+                      f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens of context")
     records = replay_windows(lm, prompts.input_ids, span, progress)
     result = ArmRecords(kernel=lm.kernel.name if lm.kernel is not None else None, context=span.context,
                         positions=span.positions, windows=span.windows, records=records)
@@ -241,11 +281,14 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
     """
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
-    from alibi.replay.setup import check_output, combined_predicate, load_prompts, resolve_span
+    from alibi.replay.setup import (
+        check_output,
+        combined_predicate,
+        load_prompts,
+        note_lines,
+        resolve_span,
+    )
 
-    from alibi.replay.setup import stderr_progress
-
-    progress = stderr_progress(quiet)
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)  # fail here, before any process starts
@@ -264,7 +307,7 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
                                                "--out", str(stage / f"arm-{label}")), f"arm {label} ({kernel})")
                 if code:
                     raise StepFailed(code)
-            code = analyze_flips_in(stage, progress)
+            code = analyze_flips_in(stage, note_lines(quiet))
             if code:
                 raise StepFailed(code)
             write_manifest(stage, "replay", combined_predicate(
@@ -283,7 +326,7 @@ class StepFailed(Exception):
         self.code = code
 
 
-def analyze_flips_in(folder: Path, progress: Progress | None = None) -> int:
+def analyze_flips_in(folder: Path, progress: Callable[[str], None] | None = None) -> int:
     """The flip analysis of `folder/arm-a` against `folder/arm-b` into `folder/flips`.
 
     It runs with `folder` as the working directory and relative paths, so the analysis records

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from faulty_kernels import Reference
 
 from alibi.numerics import bits

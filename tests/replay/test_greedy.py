@@ -8,7 +8,12 @@ import pytest
 
 from alibi.errors import InputError
 from alibi.governance.manifest import verify_files
-from alibi.replay.greedy import GreedyAgreement, GreedyRun, compare_runs, first_divergence
+from alibi.replay.greedy import (
+    GreedyAgreement,
+    GreedyRun,
+    compare_runs,
+    first_divergence,
+)
 
 from .conftest import needs_model_extra
 
@@ -21,8 +26,8 @@ def test_first_divergence_is_the_index_of_the_first_differing_token_or_none():
 
 
 def _run(arm, run, sequences, **kw):
-    base = dict(kernel=f"k-{arm}", arm=arm, run=run, prompt_tokens=4, new_tokens=3, batch_size=2, windows=(0, 1, 2),
-                prompt_sha256=("x", "y", "z"), sequences=sequences, seconds=0.1)
+    base = {"kernel": f"k-{arm}", "arm": arm, "run": run, "prompt_tokens": 4, "new_tokens": 3, "batch_size": 2,
+            "windows": (0, 1, 2), "prompt_sha256": ("x", "y", "z"), "sequences": sequences, "seconds": 0.1}
     return GreedyRun(**{**base, **kw})
 
 

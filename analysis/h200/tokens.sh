@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Issue 9 on the H200: from one-ulp layer differences to tokens, cutlass against triton.
+#
+#   bash analysis/h200/tokens.sh MODEL_DIR POW2_MODEL_DIR PROMPTS64 OUTSUB
+#
+# MODEL_DIR: the real-scale W8A8 SmolLM2 checkpoint; POW2_MODEL_DIR: its pow2 ceil + requantized
+# rewrite; PROMPTS64: the 64 × 512-token Wikipedia prompt set; OUTSUB: the name of the result folder.
+# Runs from the repository root (PYTHONPATH=$PWD) with the CUTLASS headers and kernel cache already
+# exported (ALIBI_CUTLASS_INCLUDE, ALIBI_CACHE). Everything goes to $OUT/OUTSUB, packed into
+# $OUT/OUTSUB.tgz (the folder is removed), plus $OUT/OUTSUB-summary.txt; the summary table is
+# printed last. Expected on one H200: about 8 minutes in all (times per part below).
+#
+#   tf-real, tf-pow2        teacher-forced, 64 windows × 256 scored positions after 256 tokens of
+#                           context, each arm a fresh process, then `alibi analyze flips` (≈ 1 min each)
+#   greedy-real, greedy-pow2 64 prompts (64 tokens) × 64 new tokens, batch 64, each arm twice, every
+#                           run a fresh process (≈ 1 min each: 4 process starts dominate)
+#   pvd-<ckpt>-<kernel>     prefill vs decode with module attribution, 4 windows × 64 positions
+#                           after 256 tokens, per arm and checkpoint (≈ 30 s each, 4 runs)
+#   bench-<kernel>          replay throughput and its ratio to a plain forward, 16 windows (≈ 30 s each)
+#
+# One device call may run 10 minutes: the parts run in the order above and a part whose time
+# estimate no longer fits in BUDGET_S (default 540 s) is skipped and named in the summary, so the
+# results are always packed. PARTS (default "tf greedy pvd bench") selects parts, e.g. to split
+# the work over two calls: PARTS="tf greedy" then PARTS="pvd bench" with another OUTSUB.
+set -u
+if [ $# -ne 4 ]; then echo "usage: $0 MODEL_DIR POW2_MODEL_DIR PROMPTS64 OUTSUB" >&2; exit 2; fi
+MODEL=$1 POW2=$2 PROMPTS=$3 SUB=$4
+: "${OUT:?OUT must name the folder that comes back}"
+PARTS=${PARTS:-tf greedy pvd bench}
+BUDGET_S=${BUDGET_S:-540}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+R=$OUT/$SUB
+mkdir -p "$R"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$R/steps.txt"; }
+want() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+step() {  # step NAME ESTIMATE_S TIMEOUT_S COMMAND...: run if it fits, log to $R/NAME.txt, record rc
+  local name=$1 estimate=$2 limit=$3; shift 3
+  local left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ $estimate -gt $left ]; then stamp "$name skipped: needs ~${estimate}s, ${left}s of the budget left"; return; fi
+  [ $limit -gt $left ] && limit=$left
+  timeout "$limit" "$@" > "$R/$name.txt" 2>&1
+  local rc=$?
+  stamp "$name rc=$rc"
+  [ $rc -eq 0 ] || tail -5 "$R/$name.txt"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  lscpu | grep -E 'Model name|^CPU\(s\)'; git rev-parse HEAD; git status --porcelain --untracked-files=no | head; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+
+for ck in real pow2; do
+  dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
+  want tf && step "tf-$ck" 90 240 python -m alibi replay teacher-forced --model "$dir" --prompts "$PROMPTS" \
+    --kernel-a cutlass --kernel-b triton --windows 64 --context 256 --positions 256 --out "$R/tf-$ck"
+done
+for ck in real pow2; do
+  dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
+  want greedy && step "greedy-$ck" 60 180 python -m alibi replay greedy --model "$dir" --prompts "$PROMPTS" \
+    --kernel-a cutlass --kernel-b triton --windows 64 --prompt-tokens 64 --new-tokens 64 --batch-size 64 \
+    --out "$R/greedy-$ck"
+done
+for ck in real pow2; do
+  dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
+  for k in cutlass triton; do
+    want pvd && step "pvd-$ck-$k" 30 120 python -m alibi replay prefill-vs-decode --model "$dir" --prompts "$PROMPTS" \
+      --kernel $k --windows 4 --context 256 --positions 64 --out "$R/pvd-$ck-$k"
+  done
+done
+for k in cutlass triton; do
+  want bench && step "bench-$k" 30 120 python analysis/bench_replay.py --model "$MODEL" --kernel $k \
+    --prompts "$PROMPTS" --windows 16 --context 256 --positions 256 --repeats 3 --out "$R/bench-$k.json"
+done
+
+python - "$R" > "$R/summary.txt" 2>&1 <<'EOF'
+import json, sys
+from pathlib import Path
+r = Path(sys.argv[1])
+def load(p):
+    try:
+        return json.loads((r / p).read_text())
+    except (OSError, ValueError):
+        return None
+print(f"{'part':<24} result")
+for ck in ("real", "pow2"):
+    f = load(f"tf-{ck}/flips/flips.json")
+    if f:
+        ci = f.get("roc_auc_ci90")
+        print(f"{'teacher-forced ' + ck:<24} positions {f['n_positions']}, flips {f['n_flips']} (rate {f['flip_rate']:.4f}), "
+              f"logits identical {f.get('logits_identical')}/{f.get('logits_compared')}, AUC {f.get('roc_auc')} CI90 {ci}, "
+              f"Brier {f.get('brier_heldout')} vs {f.get('brier_baseline')}")
+    else:
+        print(f"{'teacher-forced ' + ck:<24} MISSING (see tf-{ck}.txt)")
+for ck in ("real", "pow2"):
+    g = load(f"greedy-{ck}/greedy.json")
+    if g:
+        d = [x for x in g["first_divergence"] if x is not None]
+        print(f"{'greedy ' + ck:<24} identical {g['identical_sequences']}/{g['n_prompts']}, reproduce a {g['arm_a_reproduces']} "
+              f"b {g['arm_b_reproduces']}, first divergence min {min(d) if d else None} max {max(d) if d else None}")
+    else:
+        print(f"{'greedy ' + ck:<24} MISSING (see greedy-{ck}.txt)")
+for ck in ("real", "pow2"):
+    for k in ("cutlass", "triton"):
+        p = load(f"pvd-{ck}-{k}/prefill_decode.json")
+        if p:
+            top = ", ".join(f"{m} {n}" for m, n in list(p["first_kind_counts"].items())[:3])
+            print(f"{'prefill-decode ' + ck + ' ' + k:<24} logits differ {p['logits_differ']}/{p['n_positions']}, "
+                  f"flips {p['argmax_flips']}, unattributed {p['unattributed']}; first: {top}")
+        else:
+            print(f"{'prefill-decode ' + ck + ' ' + k:<24} MISSING (see pvd-{ck}-{k}.txt)")
+for k in ("cutlass", "triton"):
+    b = load(f"bench-{k}.json")
+    if b:
+        print(f"{'bench ' + k:<24} replay {b['replay_positions_per_s']} positions/s, ratio to forward {b['ratio']} "
+              f"(goal <= {b['goal_ratio']}: {b['goal_met']})")
+    else:
+        print(f"{'bench ' + k:<24} MISSING (see bench-{k}.txt)")
+EOF
+stamp "summary"
+cp "$R/summary.txt" "$OUT/$SUB-summary.txt"
+tar -C "$OUT" -czf "$OUT/$SUB.tgz" "$SUB" && rm -rf "$R"
+cat "$OUT/$SUB-summary.txt"
