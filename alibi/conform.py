@@ -273,12 +273,10 @@ def environment() -> dict[str, Any]:
 
 
 def progress_printer(stream=sys.stderr) -> Callable[[int, int, str], None]:
-    start = time.monotonic()
+    """Per-unit progress on `stream`: a bar on a terminal, `[done/total] label (s)` lines otherwise (alibi.progress)."""
+    from alibi.progress import Progress
 
-    def report(done: int, total: int, label: str) -> None:
-        print(f"[{done}/{total}] {label} ({time.monotonic() - start:.1f} s)", file=stream, flush=True)
-
-    return report
+    return Progress("conform", stream=stream)
 
 
 def conform(pair: Pair, tiles: list[Tile], regimes: Iterable[str] = REGIMES, *, source: dict[str, Any],

@@ -332,8 +332,10 @@ class RunResult:
 
 
 def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bool = False,
-                   progress: Callable[[str], None] | None = None) -> RunResult:
+                   progress: Callable[[int, int, str], None] | None = None) -> RunResult:
     """Run `exp` unit by unit into `out` (default: the experiment's `out`).
+
+    progress: called `(done, total, label)` after each unit (`stderr_progress()`: alibi.progress).
 
     resume: continue a run whose folder already exists (a missing folder starts afresh); the
     folder must have been started by the same experiment, protocol, inputs, kernels, toolkit and
@@ -377,7 +379,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     record_text = canonical_json(record)
     _start(out, exp, record, record_text, resume)
 
-    say = progress or (lambda _msg: None)
+    say = progress or (lambda _done, _total, _label: None)
     units, resumed = [], 0
     for n, (uid, tile, regime) in enumerate(units_plan, start=1):
         path = out / UNITS_DIR / f"{uid}.json"
@@ -390,14 +392,14 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
             if canonical_json(unit) != text or unit.get("tile") != tile.name or unit.get("regime") != regime:
                 raise InputError(f"{path}: does not hold the result of unit {uid}; delete it and resume")
             resumed += 1
-            say(f"[{n}/{len(units_plan)}] {uid} (done earlier)")
+            say(n, len(units_plan), f"{uid} (done earlier)")
         else:
             result = conform.evaluate_unit(pair.a, pair.b, tile, regime, ulp_threshold=exp.ulp_threshold,
                                            invariance=exp.invariance)
             text = canonical_json(result)
             unit = json.loads(text)
             atomic.write_text(path, text)
-            say(f"[{n}/{len(units_plan)}] {uid}: {unit['n_differing']} differing, max ulp {unit['max_ulp']}")
+            say(n, len(units_plan), f"{uid}: {unit['n_differing']} differing, max ulp {unit['max_ulp']}")
         units.append(unit)
 
     if protocol is not None:
@@ -407,6 +409,9 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     created_at = utc_now()
     report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
                                environment=conform.environment(), created_at=None, replay=replay)
+    from alibi.html import write_conform_html
+
+    write_conform_html(report, out / REPORT_DIR)  # before report.json, which write_reports writes last
     write_reports(report, out / REPORT_DIR)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
         from alibi.governance.criteria import CRITERIA_FILE, evaluate_study
@@ -456,8 +461,11 @@ def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:
                                 f"{before.head_sha256} -> {now.head_sha256}); start a fresh run under the new head")
 
 
-def stderr_progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def stderr_progress() -> Callable[[int, int, str], None]:
+    """Per-unit progress on stderr: a bar on a terminal, plain lines otherwise (alibi.progress)."""
+    from alibi.progress import Progress
+
+    return Progress("run", stream=sys.stderr)
 
 
 __all__ = ["Experiment", "Inputs", "RunResult", "Source", "check_pinned", "load_experiment", "resolve_inputs",

@@ -45,8 +45,16 @@ def choose_mode(stream: TextIO, quiet: bool = False) -> str:
             raise InputError(f"{ENV_VAR}={forced!r} is not a progress mode; use one of {', '.join(MODES)} or unset it")
         return forced
     isatty = getattr(stream, "isatty", None)
-    interactive = bool(isatty and isatty()) and os.environ.get("TERM", "") != "dumb"
+    interactive = bool(isatty and isatty()) and os.environ.get("TERM", "") != "dumb" and _has_width(stream)
     return "bar" if interactive else "lines"
+
+
+def _has_width(stream: TextIO) -> bool:
+    """A terminal that reports zero columns (a pty nobody sized) would show an empty bar: use lines there."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # not a real file descriptor (a test double): trust isatty
+        return True
 
 
 def _one_line(label: str) -> str:

@@ -169,7 +169,7 @@ def test_a_relative_out_folder_gets_reports_and_a_manifest(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert main(["conform", *EMU, "--synthetic", "tiny", "--out", "rel/out", "--quiet"]) == 0
     names = sorted(p.name for p in (tmp_path / "rel" / "out").iterdir())
-    assert names == ["junit.xml", "manifest.json", "report.json", "report.md"]
+    assert names == ["junit.xml", "manifest.json", "report.html", "report.json", "report.md"]
 
 
 def test_the_triton_kernel_is_the_a_then_w_model_on_tiles_written_by_another_program(tmp_path):

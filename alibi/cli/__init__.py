@@ -39,6 +39,7 @@ COMMAND_MODULES = [
     "alibi.cli.replay",
     "alibi.cli.analyze",
     "alibi.cli.sweep",
+    "alibi.cli.report",
 ]
 
 

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         progress_printer,
         validate_regimes,
     )
+    from alibi.html import write_conform_html
     from alibi.synthetic import DEFAULT_PRESET, synthetic_tiles
     from alibi.tile import load_tile_dir
     from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
                      ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
                      progress=None if args.quiet else progress_printer(), replay=replay)
-    written = write_reports(report, args.out)
+    written = [write_conform_html(report, args.out), *write_reports(report, args.out)]  # report.json stays last
     inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
     if replay is not None:
         inputs["replay"] = replay.resource()
@@ -91,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(report)))
     if replay is not None:
         print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
-    print(f"  report: {args.out}/report.json, report.md, junit.xml, manifest.json")
+    print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
     return exit_code(report, strict=args.strict)

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Re-render the self-contained HTML report (figures inline, no network) of a result folder "
                     "from its JSON: report.json or report/report.json (alibi conform, alibi run). A folder that a "
                     "manifest.json covers keeps exactly its pinned files: its page goes beside it as "
-                    "<folder>.report.html; any other folder gets report.html inside.")
+                    "<folder>.report.html; in any other folder it goes beside the JSON, as report.html.")
     h.add_argument("folder", type=Path, help="the result folder")
     h.add_argument("--out", type=Path, default=None,
                    help="the HTML file to write (default: see above); refused inside a manifest-pinned folder")
@@ -27,9 +27,11 @@ def _html(args: argparse.Namespace) -> int:
     from alibi import atomic
     from alibi.html import check_output, default_output, render_folder
 
-    out = check_output(args.out if args.out is not None else default_output(args.folder))
+    if args.out is not None:
+        check_output(args.out)  # refuse a bad destination before any work
     start = time.perf_counter()
     page = render_folder(args.folder)
+    out = check_output(args.out if args.out is not None else default_output(args.folder, page.sources[0]))
     atomic.write_text(out, page.html)
     size = len(page.html.encode("utf-8"))
     print(f"{out}: {size / 1e6:.2f} MB, rendered in {time.perf_counter() - start:.2f} s from "

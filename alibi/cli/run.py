@@ -45,8 +45,8 @@ def _units_line(result) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
-    result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress)
+    result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress())
     print("\n".join(summary_lines(result.report)))
     print(_units_line(result))
-    print(f"  artifacts: {result.out}/ (report/report.json, report/report.md, report/junit.xml, manifest.json)")
+    print(f"  artifacts: {result.out}/ (report/report.json, report/report.md, report/junit.xml, report/report.html, manifest.json)")
     return result.exit_code

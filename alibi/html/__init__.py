@@ -5,13 +5,13 @@
   `write_conform_html(report, folder)` writes it as `folder/report.html`.
 - `render_folder(folder)` — the page for any result folder: every section (`alibi.html.sections`)
   whose JSON file the folder holds. `alibi report html DIR` calls it.
-- `default_output(folder)` / `check_output(path)` — where a re-rendered page goes without breaking
-  a manifest (see `pinning_manifest`).
+- `default_output(folder, source)` / `check_output(path)` — where a re-rendered page goes without
+  breaking a manifest (see `pinning_manifest`).
 
 Where a page goes: a folder covered by a manifest (its own `manifest.json` or one in a folder
 above) must keep exactly the files the manifest lists, or `alibi manifest verify` fails. So a page
 re-rendered for such a folder is written *beside* the covered folder, as `<folder>.report.html`;
-a folder no manifest covers gets `report.html` inside. `alibi conform` and `alibi run` write
+in a folder no manifest covers it goes beside the JSON it renders, as `report.html`. `alibi conform` and `alibi run` write
 `report.html` before their manifest, so theirs is covered like every other file.
 """
 
@@ -77,7 +77,8 @@ def render_folder(folder: str | os.PathLike) -> RenderedPage:
         looked = ", ".join(dict.fromkeys(f for s in sections() for f in s.files))
         raise InputError(f"{root}: holds no result to render (looked for {looked}); pass a folder written by "
                          "alibi conform or alibi run")
-    note = ", ".join(p.as_posix() for p in sources)
+    # The footer names the files, not their place: the page must not depend on where the folder lies.
+    note = ", ".join(p.name for p in sources)
     return RenderedPage(_page(rendered, note), tuple(sources))
 
 
@@ -100,14 +101,14 @@ def pinning_manifest(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def default_output(folder: str | os.PathLike) -> Path:
-    """`folder/report.html`, or `<pinned folder>.report.html` beside the folder a manifest pins."""
+def default_output(folder: str | os.PathLike, source: str | os.PathLike = "report.json") -> Path:
+    """Where the page for `folder` goes: beside the JSON it renders (`source`, relative to `folder`), as
+    `report.html`; but `<pinned folder>.report.html` beside the folder when a manifest pins `folder`."""
     root = Path(folder)
     pinned = pinning_manifest(root)
     if pinned is None:
-        return root / HTML_NAME
-    # Keep the caller's spelling of the path (relative stays relative) where the pinned folder is root itself
-    # or one of its ancestors as given.
+        return (root / source).parent / HTML_NAME
+    # Keep the caller's spelling (a relative path stays relative) when the pinned folder is `folder` or above it.
     for candidate in [root, *root.parents]:
         if candidate.resolve() == pinned:
             return candidate.parent / f"{candidate.name}.{HTML_NAME}"
