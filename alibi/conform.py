@@ -260,6 +260,10 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"alibi": __version__, "python": platform.python_version(),
                            "platform": platform.platform(), "torch": torch.__version__,
                            "cuda_available": torch.cuda.is_available()}
+    from alibi.governance.environment import environment as machine
+
+    # CPU results depend on the CPU (model and int8-relevant ISA: alibi.governance.environment).
+    env["cpu"], env["cpu_isa"] = machine().cpu, list(machine().cpu_isa)
     try:
         import triton
 

@@ -41,11 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from alibi import atomic
-from alibi.errors import InputError
-from alibi.governance.environment import environment_record, toolkit_record
+from alibi import atomic, jsonio, yamlio
+from alibi.errors import InputError, one_line, shown
+from alibi.governance.environment import environment_record, toolkit_record, working_tree
 from alibi.governance.identity import flatten
 from alibi.governance.manifest import (
     build_predicate,
@@ -62,6 +60,7 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
+from alibi.limits import check_seed
 
 RUN_SCHEMA = "alibi.run/v1"
 RUN_RECORD = "run.json"
@@ -135,7 +134,7 @@ class Experiment:
 
 
 def _bad(file: Path, problem: str) -> InputError:
-    return InputError(f"{file}: {problem} (see the experiment format in `alibi run --help`)")
+    return InputError(f"{one_line(str(file))}: {problem} (see the experiment format in `alibi run --help`)")
 
 
 def _unknown(file: Path, where: str, keys: set[str], allowed: set[str]) -> None:
@@ -146,13 +145,13 @@ def _unknown(file: Path, where: str, keys: set[str], allowed: set[str]) -> None:
 
 def _string(file: Path, where: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _bad(file, f"{where} must be a non-empty string, got {value!r}")
+        raise _bad(file, f"{where} must be a non-empty string, got {shown(value)}")
     return value
 
 
 def _source(file: Path, raw: Any) -> Source:
     if not isinstance(raw, dict):
-        raise _bad(file, f"source must be a mapping with synthetic or tiles, got {raw!r}")
+        raise _bad(file, f"source must be a mapping with synthetic or tiles, got {shown(raw)}")
     _unknown(file, "source", set(raw), _SOURCE_KEYS)
     kinds = [k for k in ("synthetic", "tiles") if k in raw]
     if len(kinds) != 1:
@@ -167,14 +166,14 @@ def _source(file: Path, raw: Any) -> Source:
         _unknown(file, "source.synthetic", set(syn), {"preset", "rows"})
         rows = syn.get("rows")
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
-            raise _bad(file, f"source.synthetic.rows must be a positive integer, got {rows!r}")
+            raise _bad(file, f"source.synthetic.rows must be a positive integer, got {shown(rows)}")
         return Source("synthetic", preset=_string(file, "source.synthetic.preset", syn.get("preset")), rows=rows)
     digest = raw.get("sha256")
     if digest is not None:
         try:
             digest_set(digest)
         except InputError:
-            raise _bad(file, f"source.sha256 {digest!r} is not 64 lowercase hex characters") from None
+            raise _bad(file, f"source.sha256 {shown(digest)} is not 64 lowercase hex characters") from None
     pinned = raw.get("pinned")
     return Source("tiles", path=_string(file, "source.tiles", raw["tiles"]),
                   pinned=None if pinned is None else _string(file, "source.pinned", pinned), sha256=digest)
@@ -185,11 +184,11 @@ def load_experiment(path: str | Path) -> Experiment:
     file = Path(path)
     if not file.is_file():
         raise InputError(f"{file}: no such experiment file")
-    data = file.read_bytes()
     try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise _bad(file, f"not valid YAML ({exc})") from None
+        data = file.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{one_line(str(file))}: cannot read the experiment file ({exc.strerror})") from None
+    raw = yamlio.loads(data, str(file))  # aliases refused, one-line messages
     if not isinstance(raw, dict):
         raise _bad(file, "the top level must be a mapping")
     _unknown(file, "the experiment", set(raw), _TOP_KEYS)
@@ -198,27 +197,29 @@ def load_experiment(path: str | Path) -> Experiment:
             raise _bad(file, f"missing required key {key!r}")
     name = _string(file, "name", raw["name"])
     if not _SLUG.match(name):
-        raise _bad(file, f"name {name!r} must be a slug (letters, digits, '.', '_', '-')")
+        raise _bad(file, f"name {shown(name)} must be a slug (letters, digits, '.', '_', '-')")
     kernels = raw["kernels"]
     if not isinstance(kernels, dict) or set(kernels) != {"a", "b"}:
-        raise _bad(file, f"kernels must be a mapping {{a: NAME, b: NAME}}, got {kernels!r}")
+        raise _bad(file, f"kernels must be a mapping {{a: NAME, b: NAME}}, got {shown(kernels)}")
     scales = raw.get("scales", ["real", "pow2"])
     if not isinstance(scales, list) or not scales or any(s not in ("real", "pow2") for s in scales) \
             or len(set(scales)) != len(scales):
-        raise _bad(file, f"scales must be a list drawn from [real, pow2] without repeats, got {scales!r}")
+        raise _bad(file, f"scales must be a list drawn from [real, pow2] without repeats, got {shown(scales)}")
     seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise _bad(file, f"seed must be a non-negative integer, got {seed!r}")
+    try:
+        check_seed(seed, "seed")  # the one rule for seeds (alibi.limits), as `conform --seed`
+    except InputError as exc:
+        raise _bad(file, str(exc)) from None
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise _bad(file, "options must be a mapping")
     _unknown(file, "options", set(options), _OPTION_KEYS)
     ulp = options.get("ulp_threshold", 1)
     if not isinstance(ulp, int) or isinstance(ulp, bool) or ulp < 0:
-        raise _bad(file, f"options.ulp_threshold must be a non-negative integer, got {ulp!r}")
+        raise _bad(file, f"options.ulp_threshold must be a non-negative integer, got {shown(ulp)}")
     invariance = options.get("invariance", True)
     if not isinstance(invariance, bool):
-        raise _bad(file, f"options.invariance must be true or false, got {invariance!r}")
+        raise _bad(file, f"options.invariance must be true or false, got {shown(invariance)}")
     out = raw.get("out")
     prereg = raw.get("prereg")
     replay = raw.get("replay")
@@ -332,7 +333,7 @@ class RunResult:
 
 
 def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bool = False,
-                   progress: Callable[[int, int, str], None] | None = None) -> RunResult:
+                   progress: Callable[[int, int, str], None] | None = None, allow_dirty: bool = False) -> RunResult:
     """Run `exp` unit by unit into `out` (default: the experiment's `out`).
 
     progress: called `(done, total, label)` after each unit (`stderr_progress()`: alibi.progress).
@@ -340,6 +341,11 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     resume: continue a run whose folder already exists (a missing folder starts afresh); the
     folder must have been started by the same experiment, protocol, inputs, kernels, toolkit and
     machine. Without it an existing non-empty folder is refused.
+
+    allow_dirty: run under a protocol although the toolkit's sources differ from the git HEAD
+    commit (refused otherwise, see `require_committed_code`); the run record and the manifest say so.
+    Nothing is written before every input is checked: paths (the run folder must not overlap an
+    input), the protocol, the kernels and the tiles' formats against both kernels.
     """
     from alibi import conform
     from alibi.report import write_reports
@@ -348,12 +354,16 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     if target is None:
         raise InputError(f"{exp.file}: no `out` folder; add `out:` to the file or pass --out")
     out = Path(target)
+    atomic.refuse_overlap(out, {"the experiment file": exp.file, "source.tiles": exp.source.path,
+                                "source.pinned": exp.source.pinned, "prereg": exp.prereg,
+                                "replay": getattr(exp, "replay", None)}, what="the run folder")
     atomic.check_writable_dir(out)
     protocol = require_locked(exp.prereg) if exp.prereg else None
     if protocol is not None:  # refuse a study whose acceptance criteria cannot be read, before measuring
         from alibi.governance.criteria import study_criteria
 
         study_criteria(exp.prereg)
+    tree = require_committed_code(exp, allow_dirty) if protocol is not None else None
     regimes = conform.validate_regimes(exp.scales)
     pair = conform.choose_pair(*exp.kernels)
     inputs = resolve_inputs(exp)
@@ -363,6 +373,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
 
         replay = load_replay(exp.replay, exp.flip_threshold)
         replay.require_pair(pair.a.name, pair.b.name)
+    check_formats(pair, inputs.tiles)
     pinned_inputs = {"tiles": inputs.resource, **({"replay": replay.resource()} if replay is not None else {})}
     units_plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(inputs.tiles) for r in regimes]
     arms = {"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")}
@@ -376,6 +387,8 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         "environment": environment_record(),
         "units": [u for u, _, _ in units_plan],
     }
+    if tree is not None:  # a pre-registered run records whether its code is a commit's
+        record["working_tree"] = tree
     record_text = canonical_json(record)
     _start(out, exp, record, record_text, resume)
 
@@ -384,11 +397,11 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     for n, (uid, tile, regime) in enumerate(units_plan, start=1):
         path = out / UNITS_DIR / f"{uid}.json"
         if path.exists():
-            text = path.read_text(encoding="utf-8")
             try:
-                unit = json.loads(text)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}: damaged unit result; delete it and resume") from None
+                unit = jsonio.read(path)
+                text = path.read_bytes().decode("utf-8")
+            except (InputError, OSError, UnicodeError):
+                raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
             if canonical_json(unit) != text or unit.get("tile") != tile.name or unit.get("regime") != regime:
                 raise InputError(f"{path}: does not hold the result of unit {uid}; delete it and resume")
             resumed += 1
@@ -411,8 +424,10 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
                                environment=conform.environment(), created_at=None, replay=replay)
     from alibi.html import write_conform_html
 
-    write_conform_html(report, out / REPORT_DIR)  # before report.json, which write_reports writes last
-    write_reports(report, out / REPORT_DIR)
+    # The report folder is staged and renamed into place once (a kill leaves the old one or none).
+    with atomic.staged_dir(out / REPORT_DIR) as stage:
+        write_conform_html(report, stage)  # before report.json, which write_reports writes last
+        write_reports(report, stage)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
         from alibi.governance.criteria import CRITERIA_FILE, evaluate_study
 
@@ -421,7 +436,8 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     predicate = build_predicate(
         inputs=pinned_inputs, seed=exp.seed, arms=arms,
         parameters={"experiment": exp.identity(), "run_record_sha256": sha256_bytes(record_text.encode("utf-8")),
-                    "verdict": report["verdict"], "units": len(units_plan)},
+                    "verdict": report["verdict"], "units": len(units_plan),
+                    **({"working_tree": tree} if tree is not None else {})},
         protocol=None if protocol is None else protocol.as_dict(), created_at=created_at)
     write_manifest(out, "experiment-run", predicate)
     return RunResult(report, conform.exit_code(report), out, resumed, len(units_plan) - resumed)
@@ -436,12 +452,12 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
                              "or choose another --out")
         if not existing.is_file():
             raise InputError(f"{out}: holds no {RUN_RECORD}, so it is not a run folder to resume; choose another --out")
-        old_text = existing.read_text(encoding="utf-8")
-        if old_text != record_text:
+        old_bytes = existing.read_bytes()
+        if old_bytes != record_text.encode("utf-8"):
             try:
-                why = _first_difference(json.loads(old_text), record)
-            except json.JSONDecodeError:
-                why = f"{existing} is damaged"
+                why = _first_difference(jsonio.loads(old_bytes, str(existing)), record)
+            except InputError:
+                why = f"{one_line(str(existing))} is damaged"
             raise InputError(f"{out}: cannot resume: the run was started under different conditions ({why}); "
                              "start a fresh run in another folder")
         planned = {f"{u}.json" for u in record["units"]}
@@ -452,6 +468,38 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
         return
     atomic.write_bytes(out / EXPERIMENT_COPY, exp.file.read_bytes())
     atomic.write_text(existing, record_text)
+
+
+def require_committed_code(exp: Experiment, allow_dirty: bool) -> dict[str, Any]:
+    """A pre-registered run's code must be a commit's: ProtocolViolation when the package's sources
+    differ from git HEAD's (modified, added or untracked source files), unless `allow_dirty`.
+
+    Why: a result is tied to its code by the source digest in its manifest; if no commit has that
+    digest (`alibi manifest provenance` finds none), nobody can recover what ran. Outside a git
+    checkout (a copy without history, as on the GPU machine) the check cannot be made here: the run
+    proceeds and `alibi manifest provenance` ties its digest to a commit afterwards. Returns the
+    record the run and its manifest keep: `clean` (True / False / None), the changed files, the
+    HEAD commit, and `allow_dirty`.
+    """
+    tree = working_tree()
+    if tree.clean is False and not allow_dirty:
+        files = ", ".join(tree.changed[:3]) + (f" and {len(tree.changed) - 3} more" if len(tree.changed) > 3 else "")
+        raise ProtocolViolation(f"{one_line(str(exp.file))}: a pre-registered run needs committed code, but the "
+                                f"toolkit's sources differ from commit {(tree.head or '?')[:12]} "
+                                f"({one_line(files) or 'see git status'}); commit them first, or pass --allow-dirty "
+                                "(recorded in the run)")
+    return {**tree.as_dict(), "allow_dirty": allow_dirty}
+
+
+def check_formats(pair: Any, tiles: list) -> None:
+    """InputError before anything is written unless both kernels take every tile's operand format."""
+    for tile in tiles:
+        for arm, kernel in (("a", pair.a), ("b", pair.b)):
+            formats = tuple(getattr(kernel, "formats", ()) or ())
+            if tile.fmt not in formats:
+                raise InputError(f"tile {shown(tile.name)} holds {tile.fmt} operands but kernel {kernel.name!r} "
+                                 f"(arm {arm}) takes {', '.join(formats) or 'no declared format'}; choose kernels for "
+                                 f"{tile.fmt} tiles (see `alibi kernels`); nothing was run or written")
 
 
 def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:

@@ -227,19 +227,13 @@ def check_dense_source(dense: Mapping[str, torch.Tensor], tensors: Mapping[str, 
                              f"weight is {want}; --requantize-from needs the matching dense (bf16/fp16/fp32) checkpoint")
 
 
-def _overlap(a: Path, b: Path) -> bool:
-    a, b = a.resolve(), b.resolve()
-    return a == b or a in b.parents or b in a.parents
-
-
 def check_paths(src: Path, out: Path, requantize_from: Path | None, overwrite: bool) -> None:
     """Refuse an output that is, contains or lies inside an input, and an existing output unless
     `overwrite` (and then only if it is a checkpoint folder or empty, never an arbitrary folder)."""
     if not src.is_dir():
         raise InputError(f"{src}: no such checkpoint folder; pass the W8A8 checkpoint to rewrite")
-    for label, path in (("the input checkpoint", src), ("--requantize-from", requantize_from)):
-        if path is not None and _overlap(out, path):
-            raise InputError(f"{out}: overlaps {label} {path}; write the rewritten checkpoint to a separate folder")
+    atomic.refuse_overlap(out, {"the input checkpoint": src, "--requantize-from": requantize_from},
+                          what="the rewritten checkpoint")
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise InputError(f"{out}: already exists; choose another output folder or pass --overwrite")

@@ -14,3 +14,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def committed_code(monkeypatch):
+    """A pre-registered `alibi run` refuses code that differs from git HEAD; the shared development
+    tree rarely is a commit, so tests about other parts of such a run make it see committed code
+    (tests/test_experiment.py tests the refusal itself)."""
+    import alibi.experiment
+    from alibi.governance.environment import WorkingTree
+
+    monkeypatch.setattr(alibi.experiment, "working_tree", lambda: WorkingTree(True, (), "0" * 40))

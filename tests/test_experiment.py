@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from alibi.errors import InputError
@@ -62,7 +63,8 @@ def test_an_experiment_file_with_an_unknown_key_is_refused_naming_the_key(tmp_pa
     ({"scales": ["real", "fp8"]}, "scales must be a list drawn from"),
     ({"source": {"synthetic": "tiny", "tiles": "x"}}, "exactly one of synthetic or tiles"),
     ({"source": {"tiles": "x", "sha256": "abc"}}, "source.sha256 'abc' is not 64 lowercase hex"),
-    ({"seed": -1}, "seed must be a non-negative integer"),
+    ({"seed": -1}, "seed must be an integer from 0 to 2^64 - 1, got -1"),
+    ({"seed": 2**64}, "seed must be an integer from 0 to 2^64 - 1, got 18446744073709551616"),
 ])
 def test_a_malformed_experiment_file_is_refused_with_the_reason(tmp_path, fields, message):
     with pytest.raises(InputError, match=re.escape(message)):
@@ -123,7 +125,7 @@ def test_a_tiles_source_that_differs_from_its_pinned_manifest_fails_closed(tmp_p
     assert not (tmp_path / "refused").exists()
 
 
-def test_a_run_under_a_locked_protocol_records_its_lock_and_head(tmp_path):
+def test_a_run_under_a_locked_protocol_records_its_lock_and_head(tmp_path, committed_code):
     folder = tmp_path / "prereg" / "study"
     prereg.init(folder)
     lock = prereg.lock(folder)
@@ -272,3 +274,154 @@ def test_an_unreadable_replay_fails_before_the_run_folder_is_created(tmp_path):
     with pytest.raises(InputError, match="bad.json: not valid JSON"):
         run_experiment(exp)
     assert not (tmp_path / "out").exists()
+
+
+# --- issue 16: hostile experiment files, provenance of pre-registered runs -------------------------
+
+def _dirty_tree(monkeypatch, clean):
+    import alibi.experiment
+    from alibi.governance.environment import WorkingTree
+
+    changed = ("alibi/emulator.py",) if clean is False else ()
+    monkeypatch.setattr(alibi.experiment, "working_tree", lambda: WorkingTree(clean, changed, "a" * 40))
+
+
+def test_a_pre_registered_run_refuses_code_that_differs_from_head(tmp_path, monkeypatch):
+    """Guards issue 16: the pre-registered layer study ran on code that is in no commit."""
+    folder = tmp_path / "prereg" / "study"
+    prereg.init(folder)
+    prereg.lock(folder)
+    _dirty_tree(monkeypatch, False)
+    with pytest.raises(ProtocolViolation, match=r"needs committed code.*aaaaaaaaaaaa \(alibi/emulator.py\).*"
+                                                 "--allow-dirty"):
+        run_experiment(load_experiment(_experiment(tmp_path, prereg=str(folder))))
+    assert not (tmp_path / "out").exists()
+
+
+def test_allow_dirty_runs_and_is_recorded_in_the_run_record_and_the_manifest(tmp_path, monkeypatch):
+    folder = tmp_path / "prereg" / "study"
+    prereg.init(folder)
+    prereg.lock(folder)
+    _dirty_tree(monkeypatch, False)
+    run_experiment(load_experiment(_experiment(tmp_path, prereg=str(folder))), allow_dirty=True)
+    want = {"clean": False, "changed": ["alibi/emulator.py"], "head": "a" * 40, "allow_dirty": True}
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["working_tree"] == want
+    assert read_manifest(tmp_path / "out").predicate["parameters"]["working_tree"] == want
+
+
+@pytest.mark.parametrize("clean", [True, None])
+def test_a_pre_registered_run_from_a_commit_or_a_copy_without_git_runs_and_says_which(tmp_path, monkeypatch, clean):
+    folder = tmp_path / "prereg" / "study"
+    prereg.init(folder)
+    prereg.lock(folder)
+    _dirty_tree(monkeypatch, clean)
+    run_experiment(load_experiment(_experiment(tmp_path, prereg=str(folder))))
+    assert read_manifest(tmp_path / "out").predicate["parameters"]["working_tree"]["clean"] is clean
+
+
+def test_a_run_without_a_protocol_does_not_look_at_the_working_tree(tmp_path, monkeypatch):
+    _dirty_tree(monkeypatch, False)
+    run_experiment(load_experiment(_experiment(tmp_path)))
+    assert "working_tree" not in json.loads((tmp_path / "out" / "run.json").read_text())
+
+
+def test_the_allow_dirty_flag_reaches_the_run_from_the_command_line(tmp_path, monkeypatch, capsys):
+    from alibi.cli import main
+
+    folder = tmp_path / "prereg" / "study"
+    prereg.init(folder)
+    prereg.lock(folder)
+    _dirty_tree(monkeypatch, False)
+    exp = _experiment(tmp_path, prereg=str(folder))
+    assert main(["run", str(exp), "--quiet"]) == 2
+    assert "--allow-dirty" in capsys.readouterr().err
+    assert main(["run", str(exp), "--quiet", "--allow-dirty"]) == 0
+
+
+def test_fp8_tiles_with_int8_kernels_are_refused_before_anything_is_written(tmp_path):
+    """Guards: `alibi run` on fp8 tiles with int8 kernels wrote run.json, then failed in the first unit."""
+    tiles = tmp_path / "tiles"
+    tiles.mkdir()
+    t = synthetic_tiles("tiny", seed=0)[0]
+    save_tile(t.replace(a_q=t.a_q.float().to(torch.float8_e4m3fn), w_q=t.w_q.float().to(torch.float8_e4m3fn)),
+              tiles / "fp8.safetensors")
+    exp = _experiment(tmp_path, source={"tiles": str(tiles)})
+    with pytest.raises(InputError, match=r"holds fp8_e4m3 operands but kernel 'emulator:w_then_a' \(arm a\) takes int8"):
+        run_experiment(load_experiment(exp))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["inside", "same"])
+def test_a_run_folder_overlapping_its_tiles_is_refused_and_the_tiles_stay_untouched(tmp_path, where):
+    tiles = tmp_path / "tiles"
+    tiles.mkdir()
+    save_tile(synthetic_tiles("tiny", seed=0)[0], tiles / "t.safetensors")
+    before = sorted(p.name for p in tiles.iterdir())
+    out = tiles / "run" if where == "inside" else tiles
+    with pytest.raises(InputError, match="the run folder overlaps source.tiles"):
+        run_experiment(load_experiment(_experiment(tmp_path, source={"tiles": str(tiles)})), out)
+    assert sorted(p.name for p in tiles.iterdir()) == before
+
+
+def test_a_yaml_alias_bomb_is_refused_before_anything_expands_under_a_1_gib_limit(tmp_path):
+    """Guards: an alias bomb under `kernels:` expanded inside the error message (~10⁹ strings)."""
+    from hostile import GIB, assert_one_line_error, run_alibi
+
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(levels) + "\nname: x\nkernels: *a8\nsource: {synthetic: tiny}\n")
+    proc = run_alibi(["run", str(path), "--out", str(tmp_path / "o")], memory_limit=GIB)
+    assert_one_line_error(proc, "bomb.yaml: not valid YAML (line 2", "YAML aliases are refused")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path):
+    """Guards: PyYAML's message (problem, context, source line, caret) was pasted in over four lines."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nkernels: {a: one, b: two\nsource: tiles\n")
+    with pytest.raises(InputError) as info:
+        load_experiment(path)
+    assert "\n" not in str(info.value) and "broken.yaml: not valid YAML (line 3, column" in str(info.value)
+
+
+def test_resuming_over_a_deeply_nested_run_record_is_one_line_not_a_recursion_error(tmp_path):
+    exp = load_experiment(_experiment(tmp_path))
+    run_experiment(exp)
+    (tmp_path / "out" / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="run.json is damaged"):
+        run_experiment(exp, resume=True)
+
+
+def test_a_deeply_nested_unit_file_is_reported_as_damaged_on_resume(tmp_path):
+    exp = load_experiment(_experiment(tmp_path))
+    run_experiment(exp)
+    unit = sorted((tmp_path / "out" / "units").iterdir())[0]
+    unit.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="damaged unit result; delete it and resume"):
+        run_experiment(exp, resume=True)
+
+
+def test_the_report_folder_of_a_run_is_replaced_whole(tmp_path, monkeypatch):
+    """Guards: a failure after report.md and junit.xml were written left a half-new report folder;
+    now the folder is staged, so the previous one stays exactly as it was."""
+    import alibi.atomic
+
+    exp = load_experiment(_experiment(tmp_path))
+    run_experiment(exp)
+    (tmp_path / "out" / "manifest.json").unlink()  # an interrupted second run, resumed
+    (tmp_path / "out" / "report" / "junit.xml").unlink()  # so a partial rewrite would show
+    before = _files(tmp_path / "out" / "report")
+
+    real_write = alibi.atomic.write_text
+
+    def disk_full_at_report_json(path, text):  # report.json is written last, after report.md and junit.xml
+        if Path(path).name == "report.json":
+            raise OSError(28, "No space left on device")
+        return real_write(path, text)
+
+    monkeypatch.setattr(alibi.atomic, "write_text", disk_full_at_report_json)
+    with pytest.raises(OSError):
+        run_experiment(exp, resume=True)
+    assert _files(tmp_path / "out" / "report") == before
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".report")]

@@ -19,7 +19,7 @@ import importlib
 import sys
 
 from alibi import __version__
-from alibi.errors import InputError, KernelUnavailable
+from alibi.errors import InputError, KernelUnavailable, one_line
 
 # Command modules, in the order `alibi --help` lists them.
 COMMAND_MODULES = [
@@ -75,6 +75,22 @@ def interrupted_line(args: argparse.Namespace | None) -> str:
     return f"alibi: interrupted (Ctrl-C): {what}"
 
 
+def last_resort_line(exc: BaseException) -> str:
+    """The one line for an OSError, RecursionError, UnicodeError or MemoryError no validation caught."""
+    if isinstance(exc, MemoryError):
+        what = ("out of memory: the input asks for more than this machine has; use smaller inputs, or check the "
+                "element budget (ALIBI_MAX_ELEMENTS)")
+    elif isinstance(exc, RecursionError):
+        what = "an input is nested too deeply to process (RecursionError); it is not a file alibi wrote"
+    elif isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        what = f"{where}{exc.strerror or exc.__class__.__name__} ({exc.__class__.__name__}); check the path, " \
+               "its permissions and the free space"
+    else:
+        what = f"an input is not valid text ({exc.__class__.__name__}: {exc})"
+    return f"alibi: error: {one_line(what)[:400]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv == ["--version"]:
@@ -86,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except (InputError, KernelUnavailable) as exc:
-        print(f"alibi: error: {exc}", file=sys.stderr)
+        print(f"alibi: error: {one_line(str(exc))}", file=sys.stderr)  # a path's newline cannot split it
         return exc.exit_code
     except KeyboardInterrupt:
         print(interrupted_line(args), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except (OSError, RecursionError, UnicodeError, MemoryError) as exc:
+        # The last resort: every input is validated where it enters, so reaching here is a gap in
+        # that validation. Still one line and exit 2, never a traceback (see `last_resort_line`).
+        print(last_resort_line(exc), file=sys.stderr)
+        return InputError.exit_code
 
 
 def entry() -> None:

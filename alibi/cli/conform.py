@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from alibi import atomic
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance import build_predicate, resource, treatment_of, write_manifest
+from alibi.limits import check_seed
 from alibi.report import summary_lines, write_reports
 
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
-    atomic.check_writable_dir(args.out)
+    check_seed(args.seed, "--seed")  # the rule `alibi run` applies to its seed
+    check_report_out(args.out, {"--tiles": args.tiles, "--replay": args.replay})
     if args.ulp_threshold < 0:
         raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
     if args.flip_threshold is not None and args.replay is None:
@@ -78,19 +80,39 @@ def run(args: argparse.Namespace) -> int:
     report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
                      ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
                      progress=None if args.quiet else progress_printer(), replay=replay)
-    written = [write_conform_html(report, args.out), *write_reports(report, args.out)]  # report.json stays last
-    inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
-    if replay is not None:
-        inputs["replay"] = replay.resource()
-    predicate = build_predicate(inputs=inputs, seed=report["seed"],
-                                arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
-                                parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
-                                            "invariance": not args.no_invariance,
-                                            **({"flip_threshold": replay.bound} if replay is not None else {})},
-                                created_at=report["created_at"])
-    write_manifest(args.out, "report", predicate, files=[p.name for p in written])
+    # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
+    # report (or none), never some of the new files.
+    with atomic.staged_dir(args.out) as stage:
+        written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
+        inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
+        if replay is not None:
+            inputs["replay"] = replay.resource()
+        predicate = build_predicate(inputs=inputs, seed=report["seed"],
+                                    arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
+                                    parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
+                                                "invariance": not args.no_invariance,
+                                                **({"flip_threshold": replay.bound} if replay is not None else {})},
+                                    created_at=report["created_at"])
+        write_manifest(stage, "report", predicate, files=[p.name for p in written])
     print("\n".join(summary_lines(report)))
     if replay is not None:
         print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
     print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
     return exit_code(report, strict=args.strict)
+
+
+# What a conform report folder holds; an existing --out holding anything else is not replaced.
+REPORT_FOLDER_FILES = frozenset({"report.json", "report.md", "junit.xml", "report.html", "manifest.json"})
+
+
+def check_report_out(out: Path, inputs: dict[str, Path | None]) -> None:
+    """Refuse an --out that overlaps an input, cannot be written, or is a folder holding other files
+    than a conform report's (the staged report replaces the whole folder)."""
+    atomic.refuse_overlap(out, inputs, what="the report folder")
+    atomic.check_writable_dir(out)
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and
+                         (p.name not in REPORT_FOLDER_FILES or not p.is_file()))
+        if foreign:
+            raise InputError(f"{one_line(str(out))}: holds {one_line(foreign[0])!r}, which is not a file of a conform "
+                             "report; the report replaces the whole folder, so choose an empty or new --out")

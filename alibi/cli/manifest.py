@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance.identity import TREATMENTS, compare_manifests
 from alibi.governance.manifest import (
     KINDS,
@@ -97,28 +97,50 @@ def _verify(args: argparse.Namespace) -> int:
         p = manifest_path(args.a)
         if not p.is_file():
             raise InputError(f"{p}: no such manifest")
-        try:
-            statement = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{p}: not valid JSON ({exc})") from None
-        problems = statement_problems(statement)
+        statement, problems = _parsed(p)
+        problems = problems or statement_problems(statement)
         problems += [] if problems else verify_files(p)
         for msg in problems:
-            print(f"FAIL {msg}")
-        print(f"{p}: " + ("every covered file matches its digest" if not problems else f"{len(problems)} problem(s)"))
+            print(f"FAIL {one_line(msg)}")
+        print(f"{one_line(str(p))}: " + ("every covered file matches its digest" if not problems
+                                        else f"{len(problems)} problem(s)"))
         return 1 if problems else 0
+    # Each side must be a well-formed manifest before the two can be compared field by field: a
+    # damaged one (deeply nested, a `subject` that is not a list, ...) fails the contract as it is.
+    malformed = []
+    for label, path in (("A", args.a), ("B", args.b)):
+        p = manifest_path(path)
+        if not p.is_file():
+            raise InputError(f"{one_line(str(p))}: no such manifest; pass a manifest.json or the folder holding one")
+        statement, problems = _parsed(p)
+        malformed += [f"{label} ({one_line(str(p))}): {one_line(m)}" for m in problems or statement_problems(statement)]
+    if malformed:
+        for msg in malformed:
+            print(f"FAIL {msg}")
+        print(f"identity contract broken: {len(malformed)} problem(s)")
+        return 1
     record = compare_manifests(args.a, args.b, args.treatment or ["kernel"])
     if args.json:
         print(json.dumps(record.as_dict(), indent=2, sort_keys=True))
     else:
         for msg in record.problems:
-            print(f"FAIL {msg}")
+            print(f"FAIL {one_line(msg)}")
         if record.verified:
             differing = ", ".join(record.differing) or "nothing"
             print(f"identity holds: only the treatment may differ; differing: {differing}")
         else:
             print(f"identity contract broken: {len(record.problems)} problem(s)")
     return 0 if record.verified else 1
+
+
+def _parsed(p: Path) -> tuple[object, list[str]]:
+    """The manifest's JSON and no problem, or None and the one problem that it is not readable JSON."""
+    from alibi import jsonio
+
+    try:
+        return jsonio.read(p), []
+    except InputError as exc:
+        return None, [str(exc)]
 
 
 def _provenance(args: argparse.Namespace) -> int:

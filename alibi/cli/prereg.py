@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.errors import one_line
 from alibi.governance import prereg
 
 
@@ -61,7 +62,7 @@ def _amend(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     st = prereg.state(args.folder)
     for msg in st.problems:
-        print(f"FAIL {msg}")
+        print(f"FAIL {one_line(msg)}")
     if st.problems:
         print(f"{args.folder}: {len(st.problems)} problem(s)")
         return 1
@@ -76,10 +77,10 @@ def _status(args: argparse.Namespace) -> int:
     if st.locked:
         print(f"amended   {st.amendments} time(s); head sha256 {st.head_sha256}")
     for c in st.pending:
-        print(f"pending   {c.change:<8} {c.path}")
+        print(f"pending   {c.change:<8} {one_line(c.path)}")
     for msg in st.problems:
         if "without an amendment" not in msg and "not locked" not in msg:
-            print(f"damaged   {msg}")
+            print(f"damaged   {one_line(msg)}")
     return 0
 
 
@@ -96,6 +97,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         if name in sources:
             raise InputError(f"--result {name}: given twice; name each source once")
         sources[name] = Path(path)
+    if args.out is not None:  # writing into the protocol folder would break its lock; into a result, change it
+        atomic.refuse_overlap(args.out, {"the protocol folder": args.folder,
+                                         **{f"--result {n}": p for n, p in sources.items()}}, what="--out")
     judged = evaluate_study(args.folder, sources)
     for o in judged.outcomes:
         mark = {True: "holds", False: "FAILS", None: "inapplicable"}[o.holds]

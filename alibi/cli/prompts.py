@@ -28,11 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
+    from alibi import atomic
     from alibi.errors import InputError
     from alibi.model.prompts import build_prompt_set, file_text, wikipedia_text
 
     if args.wikipedia is not None and (args.sha256 or args.attribution):
         raise InputError("--sha256 and --attribution apply to --text; the Wikipedia source is pinned already")
+    atomic.refuse_overlap(args.out, {"--text": args.text, "--wikipedia": args.wikipedia, "--tokenizer": args.tokenizer},
+                          what="the prompt set")
     source = wikipedia_text(args.wikipedia) if args.wikipedia else file_text(args.text, args.sha256, args.attribution)
     ps = build_prompt_set(source, args.tokenizer, args.out, args.windows, args.tokens)
     print(f"prompt set {ps.folder}: {ps.windows} windows × {ps.tokens} tokens, digest {ps.digest}")

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="artifact folder (default: the file's `out`)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run in OUT from its last complete unit (a missing OUT starts afresh)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run a pre-registered experiment although the toolkit's sources differ from the git HEAD "
+                        "commit (refused otherwise); recorded in run.json and the manifest")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run, interrupted=_interrupted)
 
@@ -45,7 +48,8 @@ def _units_line(result) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
-    result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress())
+    result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress(),
+                            allow_dirty=args.allow_dirty)
     print("\n".join(summary_lines(result.report)))
     print(_units_line(result))
     print(f"  artifacts: {result.out}/ (report/report.json, report/report.md, report/junit.xml, report/report.html, manifest.json)")

@@ -42,11 +42,20 @@ class Toolkit:
 @dataclass(frozen=True)
 class Environment:
     """Software and hardware: versions of Python/torch/triton/numpy, the CUDA runtime torch was
-    built for, the NVIDIA driver, the GPUs torch sees (name and compute capability), and the CPU."""
+    built for, the NVIDIA driver, the GPUs torch sees (name and compute capability), the CPU model
+    and `cpu_isa`, the CPU's instruction-set extensions that decide which int8 code path a CPU
+    kernel takes (`INT8_ISA_FLAGS` present in /proc/cpuinfo; empty when unknown).
+
+    Why the ISA: CPU results depend on the CPU. With the same pinned versions and digests, W8A8
+    SmolLM2 perplexity was 23.242 on an AMD EPYC and 23.311 on an Intel Xeon: oneDNN and torch
+    pick int8 and bf16 kernels by these flags (AVX2 without VNNI pairs products through a
+    saturating 16-bit intermediate, AVX512-VNNI and AMX do not), and fp32/bf16 reductions change
+    order with the vector width."""
 
     python: str
     platform: str
     cpu: str | None
+    cpu_isa: tuple[str, ...]
     torch: str | None
     triton: str | None
     numpy: str | None
@@ -77,6 +86,43 @@ def toolkit() -> Toolkit:
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
         dirty = None if status is None or commit is None else bool(status)
     return Toolkit("integer-alibi", alibi.__version__, commit or None, dirty, {"sha256": _source_sha256()})
+
+
+@dataclass(frozen=True)
+class WorkingTree:
+    """Whether the code that runs is exactly a commit's: `clean` is True when the package's source
+    digest equals that of HEAD's tree, False when they differ (`changed`: the package's source
+    files git reports as modified, added or untracked), None outside a git checkout — a copy
+    without history, which `alibi manifest provenance` ties to a commit afterwards. `head`: the
+    commit compared with."""
+
+    clean: bool | None
+    changed: tuple[str, ...]
+    head: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"clean": self.clean, "changed": list(self.changed), "head": self.head}
+
+
+def working_tree() -> WorkingTree:
+    """Compare the running package's sources with HEAD's (see `WorkingTree`)."""
+    tk = toolkit()
+    if tk.git_commit is None:
+        return WorkingTree(None, (), None)
+    from alibi.governance.provenance import commit_source_digest
+
+    root = Path(alibi.__file__).resolve().parent.parent
+    package = Path(alibi.__file__).resolve().parent.name
+    try:
+        head_digest = commit_source_digest(root, tk.git_commit)
+    except Exception:  # noqa: BLE001 - git unusable here: unknown, as outside a checkout
+        return WorkingTree(None, (), tk.git_commit)
+    if head_digest == tk.source_digest["sha256"]:
+        return WorkingTree(True, (), tk.git_commit)
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--", package + "/") or ""
+    changed = tuple(line[3:] for line in status.splitlines()
+                    if line[3:].startswith(package + "/") and is_source_file(line[3:][len(package) + 1:]))
+    return WorkingTree(False, changed, tk.git_commit)
 
 
 SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
@@ -118,6 +164,28 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+# x86 (flags) and aarch64 (Features) extensions that select int8/bf16 code paths in oneDNN,
+# FBGEMM and torch's CPU kernels.
+INT8_ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+                  "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "bf16", "sve", "sve2")
+
+
+def cpu_isa(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The `INT8_ISA_FLAGS` the CPU reports (first processor's `flags` or `Features` line), sorted;
+    `cpuinfo` is the text of /proc/cpuinfo (read when None; empty tuple when unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            present = set(value.split())
+            return tuple(sorted(f for f in INT8_ISA_FLAGS if f in present))
+    return ()
 
 
 def _driver() -> str | None:
@@ -166,6 +234,7 @@ def environment() -> Environment:
         python=platform.python_version(),
         platform=f"{platform.system()}-{platform.machine()}",
         cpu=_cpu_model(),
+        cpu_isa=cpu_isa(),
         torch=_version("torch"),
         triton=_version("triton"),
         numpy=_version("numpy"),
@@ -184,7 +253,9 @@ def environment_record() -> dict[str, Any]:
     """`environment()` as a plain dict (GPU list as a JSON list), ready for a manifest predicate."""
     record = asdict(environment())
     record["gpus"] = [dict(g) for g in record["gpus"]]
+    record["cpu_isa"] = list(record["cpu_isa"])
     return record
 
 
-__all__ = ["Environment", "Toolkit", "environment", "environment_record", "toolkit", "toolkit_record"]
+__all__ = ["INT8_ISA_FLAGS", "Environment", "Toolkit", "WorkingTree", "cpu_isa", "environment", "environment_record",
+           "toolkit", "toolkit_record", "working_tree"]

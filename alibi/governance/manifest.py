@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic
-from alibi.errors import InputError
+from alibi import atomic, jsonio
+from alibi.errors import InputError, one_line
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE_PREFIX = "https://integer-alibi.dev/"
@@ -106,11 +106,22 @@ def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_N
             rel = path.relative_to(root).as_posix()
             if rel in exclude:
                 continue
+            if not _utf8(rel):  # a manifest is UTF-8 JSON: it cannot name this file faithfully
+                raise InputError(f"{one_line(str(path))}: its name is not valid UTF-8, so no manifest can record it; "
+                                 "rename the file (the \\xNN shown are its raw bytes)")
             if path.is_symlink():
                 raise InputError(f"{path}: is a symbolic link; copy the file into {root} instead")
             if path.is_file():
                 out.append(rel)
     return sorted(out)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a surrogate: a byte of a non-UTF-8 name, as os.fsdecode carries it
+        return False
+    return True
 
 
 def digest_tree(folder: str | os.PathLike) -> str:
@@ -241,9 +252,9 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     if not p.is_file():
         raise InputError(f"{p}: no such manifest; write one with `alibi manifest write` or pass the artifact folder")
     try:
-        statement = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: not valid JSON ({exc}); the manifest is damaged, regenerate it") from None
+        statement = jsonio.read(p)  # bounded: deep nesting is refused, not a RecursionError
+    except InputError as exc:
+        raise InputError(f"{exc}; the manifest is damaged, regenerate it") from None
     problems = statement_problems(statement)
     if problems:
         raise InputError(f"{p}: malformed manifest: {problems[0]}")

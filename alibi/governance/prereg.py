@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic
-from alibi.errors import InputError
+from alibi import atomic, jsonio
+from alibi.errors import InputError, one_line, shown
 from alibi.governance.manifest import folder_files, sha256_file, utc_now
 
 LOCK_NAME = "lock.json"
@@ -214,11 +214,14 @@ def lock(folder: str | os.PathLike) -> str:
 
 def _read_lock(root: Path, problems: list[str]) -> tuple[str, dict[str, str]] | None:
     path = root / LOCK_NAME
-    raw = path.read_bytes()
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        problems.append(f"{path}: not valid JSON (edited or damaged)")
+        raw = path.read_bytes()
+        body = jsonio.loads(raw, str(path))
+    except OSError as exc:
+        problems.append(f"{one_line(str(path))}: cannot be read ({exc.strerror})")
+        return None
+    except InputError:  # not JSON, not UTF-8, or nested deeper than any lock file
+        problems.append(f"{one_line(str(path))}: not valid JSON (edited or damaged)")
         return None
     if not isinstance(body, dict) or body.get("format") != LOCK_FORMAT or not isinstance(body.get("files"), list):
         problems.append(f"{path}: not an {LOCK_FORMAT} lock file")
@@ -244,15 +247,19 @@ def _replay_log(root: Path, head: str, pinned: dict[str, str], origin: dict[str,
     path = root / LOG_NAME
     if not path.exists():
         return head, 0
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        problems.append(f"{one_line(str(path))}: cannot be read ({exc.strerror})")
+        return head, 0
     if raw and not raw.endswith(b"\n"):
         problems.append(f"{path}: the last line is incomplete (truncated or edited)")
     lines = raw.split(b"\n")[:-1] if raw.endswith(b"\n") else raw.split(b"\n")
     for i, line in enumerate(lines, start=1):
-        where = f"{path}: entry {i}"
+        where = f"{one_line(str(path))}: entry {i}"
         try:
-            entry = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            entry = jsonio.loads(line, where)
+        except InputError:  # not JSON, not UTF-8, or nested deeper than any amendment
             problems.append(f"{where} is not valid JSON (edited or damaged)")
             return head, i - 1
         if not isinstance(entry, dict):
@@ -275,7 +282,7 @@ def _replay_log(root: Path, head: str, pinned: dict[str, str], origin: dict[str,
             p, kind, new, old = (change.get(k) for k in ("path", "change", "sha256", "previous_sha256"))
             if not isinstance(p, str) or kind not in ("added", "modified", "removed") \
                     or (new is None) != (kind == "removed") or not isinstance(new, (str, type(None))):
-                problems.append(f"{where}: malformed change record {change!r}")
+                problems.append(f"{where}: malformed change record {shown(change)}")
                 continue
             if pinned.get(p) != old:
                 problems.append(f"{where}: records {p} as {kind} from {old}, but the records before it pin {pinned.get(p)}")

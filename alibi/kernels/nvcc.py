@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,30 @@ def _announce_build(lib: Library, workers: int) -> None:
           f"from {cache_root()}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def build_lock(path: Path):
+    """Hold an exclusive `flock` on the lock file `path` for the block.
+
+    Opened with O_CREAT and without O_TRUNC (an existing lock file is opened unchanged) and with
+    O_NOFOLLOW: a symbolic link planted at the lock's name in a shared cache makes the open fail,
+    where `open(path, "w")` followed it and truncated its target. Anything but a regular file there
+    is refused too. KernelUnavailable (exit 3) names the path and the fix.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot open the build lock {path} ({exc.strerror}; a symbolic link there is refused); "
+                                "remove it, or set ALIBI_CACHE to a folder only you can write") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise KernelUnavailable(f"the build lock {path} is not a regular file; remove it, or set ALIBI_CACHE to "
+                                    "a folder only you can write")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 class BuildError(KernelUnavailable):
     """nvcc rejected a source: a defect in this package or an incompatible nvcc/CUTLASS (exit 3)."""
 
@@ -235,8 +260,7 @@ def build(lib: Library, *, jobs: int | None = None) -> Path:
         raise KernelUnavailable(f"cannot create the kernel cache {root} ({exc.strerror}); "
                                 "set ALIBI_CACHE to a writable folder") from None
     lock_path = root / f".{lib.name}-{key[:20]}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
+    with build_lock(lock_path):  # another process may be building the same key
         if target.is_file():
             return target
         work = Path(tempfile.mkdtemp(prefix=f".{lib.name}-", suffix=".building", dir=root))

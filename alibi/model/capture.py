@@ -160,6 +160,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     from alibi.model.prompts import load_prompt_set, require_tokenizer_match
     from alibi.model.runner import load_model
 
+    atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
     model_dir = Path(model_dir)
     start = time.perf_counter()
@@ -228,6 +229,11 @@ def capture_overhead(lm: LoadedModel, input_ids: torch.Tensor, repeats: int = 5)
     """Time forwards of `input_ids` [1,T] with and without capture (interleaved, medians)."""
     import statistics
     import time
+
+    from alibi.errors import InputError
+
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise InputError(f"--repeats must be a positive integer (timed runs of each variant), got {repeats!r}")
 
     def sync() -> None:
         if lm.device.type == "cuda":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from alibi import atomic
 from alibi.emulator import FP32_EXACT_LIMIT, predict_tile
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance.manifest import (
     MANIFEST_NAME,
     digest_tree,
@@ -87,7 +87,11 @@ def predict_folder(folder: str | Path) -> dict:
 
 
 def write_predictions(folder: str | Path, out: str | Path) -> dict:
-    """Compute the predictions for `folder` and write them as JSON to `out` atomically."""
+    """Compute the predictions for `folder` and write them as JSON to `out` atomically (refused
+    before any work when `out` lies inside the tiles folder or is a folder)."""
+    atomic.refuse_overlap(out, {"--tiles": folder}, what="the prediction file")
+    if Path(out).is_dir():
+        raise InputError(f"{one_line(str(out))}: is a folder; --out names the prediction file to write")
     doc = predict_folder(folder)
     atomic.write_text(out, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc

@@ -68,6 +68,7 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
     if scale_dtype not in SCALE_DTYPES:
         from alibi.errors import InputError
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
+    atomic.refuse_overlap(out, {"--gguf": gguf}, what="the output folder")
     atomic.check_writable_dir(out)
     start = time.perf_counter()
 

@@ -36,7 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from alibi import atomic
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance.manifest import (
     build_predicate,
     digest_set,
@@ -47,6 +47,7 @@ from alibi.governance.manifest import (
 from alibi.model.checkpoint import tokenizer_digest
 from alibi.model.digests import bytes_sha256, tensors_sha256
 from alibi.model.wikitext import CLEANER_VERSION, articles, corpus_text
+from alibi.safetensors_header import read_header
 
 TOKENS_FILE, WINDOWS_FILE, ATTRIBUTION_FILE = "tokens.safetensors", "windows.jsonl", "ATTRIBUTION.md"
 
@@ -200,6 +201,7 @@ class PromptSet:
 def build_prompt_set(source: SourceText, tokenizer_dir: str | Path, out: str | Path,
                      windows: int = 8, tokens: int = 512) -> PromptSet:
     """Tokenize `source`, cut `windows` × `tokens` windows, and write the set to `out` atomically."""
+    atomic.refuse_overlap(out, {"--tokenizer": tokenizer_dir}, what="the prompt set")
     atomic.check_writable_dir(out)
     tok = _tokenizer(tokenizer_dir)
     stream = tok.encode(source.text, add_special_tokens=False).ids
@@ -235,11 +237,26 @@ def load_prompt_set(folder: str | Path) -> PromptSet:
     problems = verify_files(folder)
     if problems:
         raise InputError(f"{folder}: does not match its manifest ({problems[0]}); rebuild the prompt set")
+    where = one_line(str(folder / TOKENS_FILE))
+    header = read_header(folder / TOKENS_FILE, "prompt-set token file")
+    entry = header.tensors.get("input_ids")
+    if entry is None:
+        raise InputError(f"{where}: holds no input_ids tensor; rebuild the prompt set with `alibi prompts build`")
+    if len(entry.shape) != 2 or min(entry.shape) < 1 or entry.dtype not in ("I32", "I64"):
+        raise InputError(f"{where}: input_ids is {entry.dtype} {list(entry.shape)}; a prompt set holds int32 token ids "
+                         "[N windows, T tokens] with N, T ≥ 1; rebuild it with `alibi prompts build`")
     try:
         ids = load_file(str(folder / TOKENS_FILE))["input_ids"]
-    except (SafetensorError, OSError, KeyError) as exc:
-        raise InputError(f"{folder / TOKENS_FILE}: unreadable ({exc}); rebuild the prompt set") from exc
-    tok = manifest.predicate["inputs"]["tokenizer"]["digest"]["sha256"]
+    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise InputError(f"{where}: unreadable ({one_line(str(exc))[:200]}); rebuild the prompt set") from None
+    if bool((ids < 0).any()):
+        raise InputError(f"{where}: input_ids holds negative token ids; rebuild the prompt set")
+    tokenizer = (manifest.predicate.get("inputs") or {}).get("tokenizer")
+    tok = tokenizer.get("digest", {}).get("sha256") if isinstance(tokenizer, dict) else None
+    if not isinstance(tok, str):
+        raise InputError(f"{one_line(str(folder))}: its manifest records no tokenizer input (predicate.inputs.tokenizer); "
+                         "a prompt set must say which tokenizer made its ids: rebuild it with `alibi prompts build "
+                         "--tokenizer MODEL_DIR`")
     return PromptSet(ids.to(torch.int64), folder, digest_tree(folder), tok, manifest.predicate)
 
 

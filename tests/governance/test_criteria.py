@@ -109,7 +109,7 @@ def _locked_protocol(tmp_path: Path, criteria: list[dict]) -> Path:
     return folder
 
 
-def test_alibi_run_under_a_protocol_writes_criteria_json_judged_against_its_report(tmp_path):
+def test_alibi_run_under_a_protocol_writes_criteria_json_judged_against_its_report(tmp_path, committed_code):
     folder = _locked_protocol(tmp_path, [
         {"id": "no-pow2-difference", "prediction": "p", "source": "report",
          "metric": "regimes_summary.pow2.n_differing", "op": "==", "value": 0},

@@ -16,7 +16,7 @@ def test_the_environment_record_is_identical_on_every_call_of_a_process():
     first = env.environment_record()
     env.environment.cache_clear()
     assert env.environment_record() == first
-    assert set(first) == {"python", "platform", "cpu", "torch", "triton", "numpy", "cuda", "driver", "gpus"}
+    assert set(first) == {"python", "platform", "cpu", "cpu_isa", "torch", "triton", "numpy", "cuda", "driver", "gpus"}
 
 
 def test_the_toolkit_record_names_this_package_and_its_version():
@@ -35,3 +35,30 @@ def test_the_git_commit_is_read_from_the_checkout(tmp_path):
     run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "m")
     assert env._git(tmp_path, "rev-parse", "--verify", "--quiet", "HEAD") == run("rev-parse", "HEAD").stdout.strip()
     assert env._git(tmp_path / "missing", "rev-parse", "HEAD") is None
+
+
+def test_the_cpu_isa_lists_the_int8_relevant_flags_of_x86_and_arm_cpuinfo():
+    """Guards issue 16: results recorded the CPU model but not the ISA that picks CPU int8 paths."""
+    x86 = "processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni amx_int8 amx_tile\n"
+    assert env.cpu_isa(x86) == ("amx_int8", "amx_tile", "avx2", "avx512_vnni", "avx512f", "fma")
+    assert env.cpu_isa("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm sve\n") == ("asimd", "asimddp", "i8mm", "sve")
+    assert env.cpu_isa("no flags here\n") == ()
+
+
+def test_every_manifest_records_the_cpu_model_and_isa():
+    from alibi.governance.manifest import build_predicate
+
+    record = build_predicate()["environment"]
+    assert record["cpu"] == env.environment().cpu and record["cpu_isa"] == list(env.cpu_isa())
+    flags = next((line for line in open("/proc/cpuinfo").read().splitlines() if line.startswith("flags")), "")
+    assert ("avx2" in record["cpu_isa"]) == (" avx2" in flags)
+
+
+def test_working_tree_is_clean_exactly_when_the_source_digest_is_heads(monkeypatch):
+    real = env.toolkit()
+    from alibi.governance import provenance
+
+    monkeypatch.setattr(provenance, "commit_source_digest", lambda repo, commit: real.source_digest["sha256"])
+    assert env.working_tree().clean is (True if real.git_commit else None)
+    monkeypatch.setattr(provenance, "commit_source_digest", lambda repo, commit: "0" * 64)
+    assert env.working_tree().clean is (False if real.git_commit else None)

@@ -1,0 +1,30 @@
+"""Capture inputs refused where they enter (alibi.model.capture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alibi.errors import InputError
+from alibi.model.capture import capture_overhead, capture_to_folder
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 2.5, True])
+def test_capture_overhead_with_no_timed_repeat_is_refused(repeats):
+    """Guards: `capture-overhead --repeats 0` took the median of no timings (StatisticsError)."""
+    class NoModel:  # never reached: the repeats are checked first
+        device = torch.device("cpu")
+
+    with pytest.raises(InputError, match="--repeats must be a positive integer"):
+        capture_overhead(NoModel(), torch.zeros((1, 4), dtype=torch.long), repeats)
+
+
+@pytest.mark.parametrize("where", ["model", "prompts"])
+def test_a_capture_folder_inside_the_model_or_the_prompts_is_refused(tmp_path, where):
+    model, prompts = tmp_path / "model", tmp_path / "prompts"
+    model.mkdir()
+    prompts.mkdir()
+    out = (model if where == "model" else prompts) / "tiles"
+    with pytest.raises(InputError, match=f"the capture folder overlaps --{where}"):
+        capture_to_folder(model, prompts, out)
+    assert not out.exists()
