@@ -149,10 +149,14 @@ def run_rows(args: argparse.Namespace) -> int:
     for p in sweep.points:
         print(f"  M={p.M:>5}: {p.rate.events} of {p.elements} differ ({p.rate.rate * 1e6:.3g} ppm, "
               f"{sweep.confidence:.0%} CI {p.rate.low * 1e6:.3g}–{p.rate.high * 1e6:.3g}), max ulp {p.max_ulp}")
-    h, tr = sweep.homogeneity, sweep.trend
-    print(f"  one rate for all M: {h.status}, χ² p = {h.p_chi2}, exact p = {h.p_exact}; trend rate ∝ M^b: "
-          f"b = {tr.exponent}, factor over M {tr.x_min:g}…{tr.x_max:g} compatible at 90%: "
-          f"{tr.factor_low}…{tr.factor_high}; largest pairwise ratio compatible: {sweep.ratio.max_ratio}")
+    from alibi.stats.depth import format_p
+
+    h, tr, ratio = sweep.homogeneity, sweep.trend, sweep.ratio
+    g = lambda x: "unbounded" if x is None else f"{x:.3g}"
+    print(f"  one rate for all M ({h.status}): χ² {format_p(h.p_chi2)}, exact {format_p(h.p_exact)}; "
+          f"rate ∝ M^b ({tr.status}): rate change from M={tr.x_min:g} to {tr.x_max:g} compatible at 90%: "
+          f"×{g(tr.factor_low)} … ×{g(tr.factor_high)}; largest ratio between two M compatible at 90%: "
+          f"{'×' + g(ratio.max_ratio) if ratio.max_ratio is not None else ratio.status}")
     tm = sweep.timing
     print(f"  {tm.total:.1f} s, {tm.share_outside_kernels:.1%} outside the kernels; wrote {args.out}/rows.json, "
           "rows.csv, manifest.json")

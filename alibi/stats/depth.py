@@ -479,8 +479,8 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 
 def format_p(p: float | None) -> str:
-    """A p-value for text: 3 significant digits, and `< 1e-16` where double precision underflows."""
-    return "–" if p is None else ("< 1e-16" if p < 1e-16 else f"{p:.3g}")
+    """A p-value with its relation for text: `p = 0.277`, or `p < 1e-16` where doubles underflow."""
+    return "p –" if p is None else ("p < 1e-16" if p < 1e-16 else f"p = {p:.3g}")
 
 
 def _statement(fits: DepthFits) -> str:
@@ -507,7 +507,12 @@ def _statement(fits: DepthFits) -> str:
                      (f" (seed-bootstrap CI90 [{ci.low:.4f}, {ci.high:.4f}], B = {st.bootstrap_b})" if ci else ""))
         elif m.params is not None:
             desc += f", c = {m.params.c:.4g}"
-        desc += f" (selected by held-out error among {len(fits.ranking)} models)"
+        lowest = fits.ranking[0]
+        if lowest == fits.selected:
+            desc += f" (lowest held-out error of {len(fits.ranking)} models)"
+        else:
+            desc += (f" (the simplest model within one standard error of the lowest held-out error, that of "
+                     f"{FORMULAS[lowest]})")
         parts.append(desc)
         if fits.alpha_stability is not None and fits.alpha_stability.alpha_ci is not None:
             a = fits.alpha_stability
@@ -518,6 +523,6 @@ def _statement(fits: DepthFits) -> str:
         span = f"K = {fits.Ks[0]}…{fits.Ks[-1]}"
         if t.factor_low is not None and t.factor_high is not None:
             parts.append(f"the counts are compatible with a rate changing by a factor between {t.factor_low:.3g} and "
-                         f"{t.factor_high:.3g} over {span} (90%; constant-rate trend p = {format_p(t.p_value)}, "
-                         f"χ² p = {format_p(fits.counts.homogeneity.p_chi2)})")
+                         f"{t.factor_high:.3g} over {span} (90%; constant-rate trend {format_p(t.p_value)}, "
+                         f"χ² {format_p(fits.counts.homogeneity.p_chi2)})")
     return "; ".join(parts) + "."

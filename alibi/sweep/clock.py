@@ -17,7 +17,7 @@ import torch
 from alibi.sweep.records import SweepTiming, timing
 
 T = TypeVar("T")
-PHASES = ("operands", "warmup", "kernel_a", "kernel_b", "reference", "compare")
+PHASES = ("operands", "warmup", "kernel_a", "kernel_b", "reference", "reference_check", "compare")
 
 
 def synchronize(*devices: torch.device) -> None:

@@ -55,10 +55,11 @@ class SweepTiming:
     """Where the wall time of a sweep went (seconds; every phase synchronized with the device).
 
     total: from the first operand draw to the last measurement; operands: drawing and quantizing;
-    warmup: one untimed-for-the-records call of each kernel first (JIT compilation, library
-    loading); kernel_a / kernel_b: the kernels' calls; reference: the fp64 reference; compare: the
-    measurements; other: the rest (Python, transfers, bookkeeping). share_outside_kernels:
-    1 − (kernel_a + kernel_b)/total; share_outside_kernels_and_reference: also without the reference.
+    warmup: one call of each kernel before the first record (JIT compilation, library loading);
+    kernel_a / kernel_b: the kernels' calls; reference: the fp64 reference; reference_check: the
+    one-time CPU cross-check of a CUDA reference; compare: the measurements; other: the rest
+    (Python, transfers, bookkeeping). share_outside_kernels: 1 − (kernel_a + kernel_b)/total;
+    share_outside_kernels_and_reference: also without the reference.
     """
 
     total: float
@@ -67,6 +68,7 @@ class SweepTiming:
     kernel_a: float
     kernel_b: float
     reference: float
+    reference_check: float
     compare: float
     other: float
     share_outside_kernels: float
@@ -74,11 +76,11 @@ class SweepTiming:
 
 
 def timing(total: float, operands: float, warmup: float, kernel_a: float, kernel_b: float, reference: float,
-           compare: float) -> SweepTiming:
-    known = operands + warmup + kernel_a + kernel_b + reference + compare
+           reference_check: float, compare: float) -> SweepTiming:
+    known = operands + warmup + kernel_a + kernel_b + reference + reference_check + compare
     t = max(total, 1e-12)
-    return SweepTiming(total, operands, warmup, kernel_a, kernel_b, reference, compare, max(0.0, total - known),
-                       1 - (kernel_a + kernel_b) / t, 1 - (kernel_a + kernel_b + reference) / t)
+    return SweepTiming(total, operands, warmup, kernel_a, kernel_b, reference, reference_check, compare,
+                       max(0.0, total - known), 1 - (kernel_a + kernel_b) / t, 1 - (kernel_a + kernel_b + reference) / t)
 
 
 @dataclass(frozen=True)

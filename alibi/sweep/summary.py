@@ -81,9 +81,16 @@ def _stability(st: Stability) -> list[str]:
 def _homogeneity(h: Homogeneity) -> list[str]:
     if h.status != "ok":
         return [f"- one rate across groups: {h.status}"]
-    return [(f"- one rate across groups: Pearson χ² = {h.chi2:.3g} ({h.dof} dof), p = {format_p(h.p_chi2)}; "
-            f"G = {h.g:.3g}, p = {format_p(h.p_g)}; exact conditional p = {format_p(h.p_exact)} "
+    return [(f"- one rate across groups: Pearson χ² = {h.chi2:.3g} ({h.dof} dof), {format_p(h.p_chi2)}; "
+            f"G = {h.g:.3g}, {format_p(h.p_g)}; exact conditional {_p_exact(h)} "
             f"({h.draws} multinomial draws, seed {h.seed}); smallest expected count {h.min_expected:.3g}")]
+
+
+def _p_exact(h: Homogeneity) -> str:
+    """The Monte-Carlo p-value; at its floor 1/(1 + draws) no draw reached the statistic: a bound, not a value."""
+    if h.p_exact is not None and h.draws and h.p_exact <= 1 / (1 + h.draws):
+        return f"p ≤ {h.p_exact:.2g} (no draw reached the observed statistic)"
+    return format_p(h.p_exact)
 
 
 def _trend(t: PoissonTrend) -> list[str]:
@@ -92,7 +99,7 @@ def _trend(t: PoissonTrend) -> list[str]:
     lo = "unbounded" if t.factor_low is None else f"{t.factor_low:.3g}"
     hi = "unbounded" if t.factor_high is None else f"{t.factor_high:.3g}"
     return [(f"- Poisson trend rate ∝ {t.covariate}^b: b = {_g(t.exponent)} (CI{t.level * 100:.0f} "
-            f"[{_g(t.exponent_low)}, {_g(t.exponent_high)}]), test of b = 0 p = {format_p(t.p_value)}; "
+            f"[{_g(t.exponent_low)}, {_g(t.exponent_high)}]), test of b = 0: {format_p(t.p_value)}; "
             f"the rate may change by a factor between {lo} and {hi} from {t.covariate} = {t.x_min:g} to "
             f"{t.x_max:g} and stay compatible with the counts")]
 
@@ -104,7 +111,7 @@ def _rows(r: RowsSweep, source: str | None) -> list[str]:
            "between-block exact p | ≥ 2 ulp | max ulp |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for p in r.points:
         out.append(f"| {p.M} | {p.tiles} | {p.blocks} | {p.elements} | {p.rate.events} | {p.rate.rate * 1e6:.4g} | "
-                   f"{p.rate.low * 1e6:.4g}–{p.rate.high * 1e6:.4g} | {format_p(p.dispersion.p_exact)} | "
+                   f"{p.rate.low * 1e6:.4g}–{p.rate.high * 1e6:.4g} | {_p_exact(p.dispersion).removeprefix('p = ').removeprefix('p ')} | "
                    f"{p.n_ge2ulp} | {_g(p.max_ulp)} |")
     out += [""] + _homogeneity(r.homogeneity) + _trend(r.trend)
     ratio = r.ratio

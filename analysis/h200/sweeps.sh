@@ -6,8 +6,8 @@
 #
 # Expects the CUTLASS headers and prebuilt kernel cache exported by the lead's wrapper as
 # ALIBI_CUTLASS_INCLUDE and ALIBI_CACHE; if they are unset and gpu_payload/ holds the two tarballs,
-# they are unpacked into /tmp/alibi (said in the log). Expected runtime: about 3 minutes (each step
-# has a time limit; the limits add up to 6.5 minutes).
+# they are unpacked into /tmp/alibi (said in the log). Expected runtime: about 3 minutes; each step
+# has a time limit and the limits add up to 6.5 minutes.
 #
 # Steps (wall time of each printed as it ends, and again in the table at the end):
 #   gpu-tests          tests/sweep/test_gpu_sweeps.py (operands on CUDA, the GPU fp64 reference, kernel pairs)
@@ -51,10 +51,10 @@ step() {
 }
 
 GRID=(--K 512,1024,2048,4096,8192,16384,32768 --M 256 --N 2048 --seeds 20 --nested-prefix)
-step gpu-tests 45 python -m pytest -q -p no:cacheprovider -rfEs --junitxml="$R/pytest-gpu.xml" tests/sweep/test_gpu_sweeps.py
-step depth-fp8-cutlass 60 python -m alibi sweep depth --kernel-a cutlass-fp8 --kernel-b cublaslt-fp8 --format fp8_e4m3 "${GRID[@]}" --out "$R/depth-fp8-cutlass-cublaslt"
-step depth-fp8-triton 60 python -m alibi sweep depth --kernel-a triton-fp8 --kernel-b cublaslt-fp8 --format fp8_e4m3 "${GRID[@]}" --out "$R/depth-fp8-triton-cublaslt"
-step depth-int8 60 python -m alibi sweep depth --kernel-a cutlass --kernel-b triton --format int8 "${GRID[@]}" --out "$R/depth-int8-cutlass-triton"
+step gpu-tests 60 python -m pytest -q -p no:cacheprovider -rfEs --junitxml="$R/pytest-gpu.xml" tests/sweep/test_gpu_sweeps.py
+step depth-fp8-cutlass 55 python -m alibi sweep depth --kernel-a cutlass-fp8 --kernel-b cublaslt-fp8 --format fp8_e4m3 "${GRID[@]}" --out "$R/depth-fp8-cutlass-cublaslt"
+step depth-fp8-triton 55 python -m alibi sweep depth --kernel-a triton-fp8 --kernel-b cublaslt-fp8 --format fp8_e4m3 "${GRID[@]}" --out "$R/depth-fp8-triton-cublaslt"
+step depth-int8 55 python -m alibi sweep depth --kernel-a cutlass --kernel-b triton --format int8 "${GRID[@]}" --out "$R/depth-int8-cutlass-triton"
 step rows-int8 120 python -m alibi sweep rows --kernel-a cutlass --kernel-b triton --M 1,4,16,64,256,512,4096 --K 4096 --N 4096 --elements 1e8 --out "$R/rows-int8-cutlass-triton"
 FITS_IN=()
 for d in depth-fp8-cutlass-cublaslt depth-fp8-triton-cublaslt depth-int8-cutlass-triton; do

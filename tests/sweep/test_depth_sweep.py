@@ -86,7 +86,7 @@ def test_timing_accounts_for_the_kernel_seconds_of_every_record(order_sweep):
     assert sum(r.seconds_b for r in sweep.records) == pytest.approx(t.kernel_b, rel=1e-9)
     assert sum(r.seconds_reference for r in sweep.records) == pytest.approx(t.reference, rel=1e-9)
     assert t.share_outside_kernels == pytest.approx(1 - (t.kernel_a + t.kernel_b) / t.total)
-    parts = t.operands + t.warmup + t.kernel_a + t.kernel_b + t.reference + t.compare + t.other
+    parts = t.operands + t.warmup + t.kernel_a + t.kernel_b + t.reference + t.reference_check + t.compare + t.other
     assert parts == pytest.approx(t.total, rel=1e-9)
     assert 0 <= t.share_outside_kernels_and_reference <= t.share_outside_kernels <= 1
 
