@@ -26,6 +26,8 @@ COMMAND_MODULES = [
     "alibi.cli.conform",
     "alibi.cli.kernels",
     "alibi.cli.identify",
+    "alibi.cli.mutants",
+    "alibi.cli.boundary",
     "alibi.cli.run",
     "alibi.cli.manifest",
     "alibi.cli.prereg",

@@ -1,9 +1,11 @@
 """Kernel registry: built-in kernels (imported lazily) plus the `alibi.kernels` entry-point group.
 
 Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
-`torch-cpu`, `triton`, and the GPU kernels registered below. A third-party package registers its
-own kernel under the entry-point group `alibi.kernels` (`name = "pkg.module:KernelClass"`); the
-object loaded must be a zero-argument callable returning a `Kernel`.
+`torch-cpu`, `triton`, the GPU kernels registered below, and the positive controls
+`mutant:<fault>[@<severity>]:<base>` (any int8 base; see `alibi.kernels.mutants`). A third-party
+package registers its own kernel under the entry-point group `alibi.kernels`
+(`name = "pkg.module:KernelClass"`); the object loaded must be a zero-argument callable returning a
+`Kernel`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ _BUILTIN: dict[str, str] = {
     "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
     "triton-fp8": "alibi.kernels.triton_fp8:TritonFp8Kernel",
     "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
+    "mutant:truncate-cast:triton-native": "alibi.kernels.mutants:native_truncate_cast",
+    "mutant:fp32-accumulate:triton-native": "alibi.kernels.mutants:native_fp32_accumulate",
+    "mutant:splitk-fp32:triton-native": "alibi.kernels.mutants:native_splitk_fp32",
+    "mutant:scale-bf16:triton-native": "alibi.kernels.mutants:native_scale_bf16",
     "cutlass": "alibi.kernels.cutlass:CutlassInt8Kernel",
     "cutlass-sm80": "alibi.kernels.cutlass:CutlassSm80Int8Kernel",
     "cublas": "alibi.kernels.cublas:CublasInt8Kernel",
@@ -77,6 +83,10 @@ def get_kernel(name: str) -> Kernel:
         return _EXTRA[name]()
     if name in _BUILTIN:
         return _load(name, _BUILTIN[name])
+    if name.startswith("mutant:"):  # mutant:<fault>[@<severity>]:<base>
+        from alibi.kernels.mutants import parse_mutant
+
+        return parse_mutant(name)
     plugins = _plugins()
     if name in plugins:
         kernel = plugins[name].load()()  # type: ignore[attr-defined]
