@@ -110,7 +110,9 @@ def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     equals rounding `s + e` unless `s` lies exactly halfway between two fp32 neighbours and `e ≠ 0`:
     fp32 midpoints are fp64 numbers, so if `s + e` were on the other side of a midpoint `m ≠ s`,
     `m` would be a closer fp64 value than `s` — impossible. In the halfway case the exact value
-    lies strictly on the side of `e`, and that neighbour is the answer. (fp64 overflow of `s`
+    lies strictly on the side of `e`, and that neighbour is the answer. At the overflow boundary the
+    neighbour of ±FLT_MAX is ±2¹²⁸, so `s = ±(2¹²⁸ − 2¹⁰³)` is a halfway case too: the fp64 cast
+    rounds it to ±inf, and a residual towards zero makes the answer ±FLT_MAX. (fp64 overflow of `s`
     cannot happen for fp32 operands.)
     """
     x, y, z = torch.broadcast_tensors(x.to(torch.float32), y.to(torch.float32), z.to(torch.float32))
@@ -121,7 +123,10 @@ def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         bv = s - p
         err = (p - (s - bv)) + (zn - bv)
         r = s.astype(np.float32)
-        r64 = r.astype(np.float64)
+        # An overflow rounds to ±inf; for the halfway test the neighbour beyond ±FLT_MAX is ±2¹²⁸ (the
+        # next point of the fp32 grid with an unbounded exponent, where IEEE puts the overflow
+        # threshold): s = 2¹²⁸ − 2¹⁰³ is exactly halfway, and a negative residual means FLT_MAX.
+        r64 = np.where(np.isinf(r) & np.isfinite(s), np.copysign(2.0**128, s), r.astype(np.float64))
         other = np.nextafter(r, np.where(r64 < s, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32))
         halfway = ((r64 + other.astype(np.float64)) / 2 == s) & (r64 != s)
         toward_other = np.sign(err) == np.sign(other.astype(np.float64) - s)

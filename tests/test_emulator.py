@@ -1,6 +1,7 @@
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from exact_reference import BF16, FP16, FP32, round_nearest_even
@@ -186,3 +187,70 @@ def test_prediction_marks_accumulators_above_2_pow_24_eligible_to_diverge():
 
 def test_is_pow2_accepts_only_exact_powers():
     assert is_pow2(torch.tensor([1.0, 0.5, 2.0**-140, 3.0, 0.0, -2.0])).tolist() == [True, True, True, False, False, False]
+
+
+FLT_MAX = float(torch.finfo(torch.float32).max)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_fma_f32_returns_flt_max_just_below_the_overflow_tie(sign):
+    """Guards issue 16: x·y = 2¹²⁸ − 2¹⁰³ is exactly halfway between FLT_MAX and the overflow
+    threshold; z = −2⁻¹⁰⁰ puts the exact value below it, so RN32 gives FLT_MAX, not +inf (the fp64
+    sum rounds to the tie and its fp32 cast overflowed)."""
+    x, y, z = sign * 18631 * 2.0**50, 1801 * 2.0**53, -sign * 2.0**-100
+    exact = Fraction(x) * Fraction(y) + Fraction(z)
+    assert Fraction(x) * Fraction(y) == sign * (Fraction(2) ** 128 - Fraction(2) ** 103)
+    assert round_nearest_even(exact, FP32) == sign * Fraction(FLT_MAX)
+    got = fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z]))
+    assert got.item() == sign * FLT_MAX
+
+
+@pytest.mark.parametrize("z", [0.0, 2.0**-100])
+def test_fma_f32_overflows_at_and_above_the_tie(z):
+    """At the tie itself (ties to even: FLT_MAX's significand is odd) and above it, RN32 overflows."""
+    x, y = 18631 * 2.0**50, 1801 * 2.0**53
+    assert round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32) == math.inf
+    assert fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z])).item() == math.inf
+
+
+fp32_full = st.floats(width=32, allow_nan=False, allow_infinity=False)
+near_overflow = st.builds(lambda m, e: m * 2.0**e, st.integers(2**23, 2**24 - 1), st.integers(40, 81))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(fp32_full, near_overflow), st.one_of(fp32_full, near_overflow), fp32_full)
+def test_fma_f32_equals_exact_rational_rounding_over_the_whole_fp32_range(x, y, z):
+    """Against fractions.Fraction and integer rounding (tests/exact_reference.py), including
+    products near and past the overflow boundary and subnormal results."""
+    x, y = float(torch.tensor(x, dtype=torch.float32)), float(torch.tensor(y, dtype=torch.float32))
+    got = fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z]))
+    want = round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32)
+    assert as_fraction(got) == want
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.integers(2**23, 2**24 - 1), st.integers(2**23, 2**24 - 1), st.integers(-160, 127), st.booleans(),
+       st.sampled_from([1, -1]))
+def test_fma_f32_is_exact_for_products_straddling_the_overflow_threshold(mx, my, ez, negative_z, sign):
+    """x·y in [2¹²⁷, 2¹²⁹): products on both sides of the overflow threshold 2¹²⁸ − 2¹⁰³, with z of
+    either sign and any size from 2⁻¹⁶⁰ (below fp32's subnormals: 0 as an fp32 operand) to 2¹²⁷."""
+    x, y = sign * mx * 2.0**71, my * 2.0**10  # both exact in fp32 (24-bit significands)
+    z = float(np.float32((-1 if negative_z else 1) * 2.0**ez))
+    got = fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z]))
+    assert as_fraction(got) == round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32)
+
+
+# 2²⁵ − 1 = 31 · 601 · 1801: every split into two fp32 significands gives a product exactly on the tie.
+TIE_FACTORS = [(31, 601 * 1801), (601, 31 * 1801), (1801, 31 * 601)]
+
+
+@pytest.mark.parametrize("a,b", TIE_FACTORS)
+@pytest.mark.parametrize("z,expected", [(-(2.0**-149), FLT_MAX), (-1.0, FLT_MAX), (0.0, math.inf),
+                                        (2.0**-149, math.inf)])
+def test_every_product_exactly_on_the_overflow_tie_rounds_by_the_sign_of_z(a, b, z, expected):
+    ea = 64 - a.bit_length()
+    x, y = a * 2.0**ea, b * 2.0**(103 - ea)  # x·y = (2²⁵ − 1)·2¹⁰³ = 2¹²⁸ − 2¹⁰³
+    assert Fraction(x) * Fraction(y) == Fraction(2) ** 128 - Fraction(2) ** 103
+    want = round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32)
+    assert want == (Fraction(expected) if expected != math.inf else math.inf)
+    assert fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z])).item() == expected
