@@ -32,20 +32,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--bootstrap must be ≥ 0 resamples, got {args.bootstrap}")
     if args.bootstrap_seed < 0:
         raise InputError(f"--bootstrap-seed must be ≥ 0, got {args.bootstrap_seed}")
-    out = args.out.resolve()
-    for path in [*args.sweeps, *([args.rows] if args.rows else [])]:
+    inputs = {f"SWEEP {p}": p for p in args.sweeps} | ({"--rows": args.rows} if args.rows else {})
+    for path in inputs.values():
         if not path.exists():
             raise InputError(f"{path}: no such file or folder")
-        src = path.resolve()
-        if src == out or out in src.parents or (src.is_dir() and src in out.parents):
-            raise InputError(f"--out {args.out} overlaps the input {path}; choose another output folder")
+    atomic.refuse_overlap(args.out, inputs, "--out")
     atomic.check_writable_dir(args.out)
-    inputs = [read_depth_input(p) for p in args.sweeps]
+    sweeps = [read_depth_input(p) for p in args.sweeps]
     rows = read_rows_sweep(args.rows) if args.rows else None
     say = None if args.quiet else (lambda line: print(f"alibi analyze depth: {line}", file=sys.stderr, flush=True))
-    analysis = analyze(inputs, rows, None if args.rows is None else str(args.rows), bootstrap=args.bootstrap,
+    analysis = analyze(sweeps, rows, None if args.rows is None else str(args.rows), bootstrap=args.bootstrap,
                        bootstrap_seed=args.bootstrap_seed, progress=say)
-    written = write_analysis_folder(analysis, [i.data for i in inputs], args.sweeps, args.rows, args.out)
+    written = write_analysis_folder(analysis, [s.data for s in sweeps], args.sweeps, args.rows, args.out)
     for fits in analysis.analyses:
         print(fits.statement)
     print(f"  wrote {args.out}/" + ", ".join(written))

@@ -141,7 +141,7 @@ def test_analyze_depth_refuses_a_malformed_csv_with_one_line(capsys, tmp_path):
 
 
 def test_analyze_depth_refuses_an_output_inside_its_input_and_a_missing_input(capsys, sweeps, tmp_path):
-    _refused(capsys, ["analyze", "depth", str(sweeps / "int8")], "overlaps the input", sweeps / "int8" / "fits")
+    _refused(capsys, ["analyze", "depth", str(sweeps / "int8")], "--out overlaps SWEEP", sweeps / "int8" / "fits")
     _refused(capsys, ["analyze", "depth", str(tmp_path / "nope.csv")], "no such file or folder", tmp_path / "f")
 
 
