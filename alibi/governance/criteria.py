@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from alibi import jsonio, yamlio
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_file
 
@@ -130,12 +129,7 @@ def parse_criteria(raw: Any, where: str) -> tuple[Criterion, ...]:
 def load_criteria(analysis_file: str | Path) -> tuple[Criterion, ...]:
     """The `criteria:` of an analysis YAML file (aliases refused, like every YAML alibi reads)."""
     path = Path(analysis_file)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"{path}: cannot read the analysis file ({exc.__class__.__name__})") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    doc = yamlio.load(path)  # aliases refused, bounded depth, one-line messages
     if not isinstance(doc, Mapping) or "criteria" not in doc:
         raise InputError(f"{path}: has no `criteria:` list; state the acceptance criteria before measuring")
     return parse_criteria(doc["criteria"], str(path))
@@ -204,10 +198,9 @@ def read_source(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     {path, sha256}."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"{p}: cannot read it as a JSON result ({exc.__class__.__name__}); "
-                         "pass the result file the criterion names") from None
+        doc = jsonio.read(p)
+    except InputError as exc:
+        raise InputError(f"{exc}; pass the result file the criterion names") from None
     if not isinstance(doc, dict):
         raise InputError(f"{p}: a result file must hold a JSON object")
     if str(doc.get("schema", "")).startswith("alibi.conform/"):
@@ -278,10 +271,7 @@ def study_criteria(prereg_folder: str | Path) -> tuple[Criterion, ...]:
     """The criteria of a protocol folder: its analysis.yaml `criteria:`, or the layer study's
     legacy thresholds translated by `layer_study_criteria`."""
     path = Path(prereg_folder) / "analysis.yaml"
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{path}: cannot read the analysis parameters ({exc.__class__.__name__})") from None
+    doc = yamlio.load(path)  # aliases refused, bounded depth, one-line messages
     if isinstance(doc, Mapping) and "criteria" in doc:
         return parse_criteria(doc["criteria"], str(path))
     legacy = ("ulp_threshold", "max_differing_fraction_real", "min_differing_elements_real", "max_differing_elements_pow2")

@@ -17,6 +17,7 @@ from alibi.governance.criteria import (
     Evaluation,
     conform_report_metrics,
     evaluate,
+    load_criteria,
     parse_criteria,
     read_source,
     study_criteria,
@@ -152,3 +153,14 @@ def test_prereg_evaluate_exits_1_when_a_criterion_fails_and_writes_the_evaluatio
     assert Evaluation.from_json(out.read_text()).outcomes[0].observed == 2
     assert main(["prereg", "evaluate", str(folder), "--result", f"pow2{result}"]) == 2
     assert "expected NAME=FILE" in capsys.readouterr().err
+
+
+def test_an_analysis_file_with_a_yaml_alias_is_refused_on_one_line(tmp_path):
+    """Guards: `criteria.py` read YAML with plain safe_load, which expands aliases (an alias bomb),
+    while its docstring promised they were refused like everywhere else."""
+    path = tmp_path / "analysis.yaml"
+    path.write_text("base: &b {id: x, prediction: p, source: report, metric: verdict, op: '==', value: pass}\n"
+                    "criteria:\n  - *b\n")
+    with pytest.raises(InputError) as info:
+        load_criteria(path)
+    assert "YAML aliases are refused" in str(info.value) and "\n" not in str(info.value)
