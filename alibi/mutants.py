@@ -479,6 +479,7 @@ def to_markdown(m: DetectionMatrix) -> str:
         seven = sum(c.units_detected_seven for c in members)
         anyc = sum(c.units_detected for c in members)
         names = ", ".join(c.fault for c in members)
+        label = label.replace("|", "\\|")  # a literal |acc| would end the table cell
         if cls == "F8":
             fp = sum(s.false_positives for s in m.check_summary)
             out.append(f"| {cls} {label} ({names}) | {published} | false positives: {fp} | false positives: {fp} |")
