@@ -16,8 +16,9 @@ from faulty_kernels import (
 
 from alibi import checks
 from alibi.conform import Pair, conform, evaluate_unit
-from alibi.emulator import predict
+from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
 from alibi.kernels import get_kernel
+from alibi.kernels.base import Kernel
 
 
 def verdicts(kernel_a, kernel_b, tile, regime="real"):
@@ -149,14 +150,93 @@ def test_inapplicable_checks_are_never_counted_as_passes():
 
 
 def test_a_pair_with_no_declared_model_is_inconclusive_not_pass():
-    class Undeclared(Reference):
-        name = "undeclared"
-        epilogue = None
+    """Two different kernels (the two vLLM scale orders, 1 ulp apart on this tile) that declare no
+    epilogue model: every other check passes, so the verdict is inconclusive *because* of the missing
+    declaration — the same two kernels declaring their models pass. (Issue 16: the test used one
+    kernel as both arms, comparing a function with itself.)"""
+    class Undeclared(Kernel):
+        """Runs one scale order's epilogue but declares none."""
+
+        formats, device, epilogue = ("int8",), "cpu", None
+
+        def __init__(self, order: str):
+            self.name, self._model = f"undeclared-{order}", EpilogueModel(order)
 
         def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
-            return Reference().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
+            return apply_epilogue(self._model, exact_accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)
+
+    def undeclared(order: str) -> Kernel:
+        return Undeclared(order)
 
     tiles = [divergent_tile()]
-    report = conform(Pair(Undeclared(), Undeclared(), "test"), tiles, ["real"], source={"label": "x"})
+    report = conform(Pair(undeclared("w_then_a"), undeclared("a_then_w"), "test"), tiles, ["real"],
+                     source={"label": "x"})
+    assert report["tiles"][0]["n_differing"] > 0  # the arms really differ
     assert report["verdict"] == "inconclusive"
-    assert any("epilogue-model" in why for why in report["inconclusive_because"])
+    assert [why.split(":")[0] for why in report["inconclusive_because"]] == ["epilogue-model"]
+    declared = conform(Pair(get_kernel("emulator:w_then_a"), get_kernel("emulator:a_then_w"), "test"), tiles,
+                       ["real"], source={"label": "x"})
+    assert declared["verdict"] == "pass"
+
+
+# --- issue 16: branches no test reached ----------------------------------------------------------
+
+def _tile(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor | None = None, s_w: torch.Tensor | None = None):
+    from alibi.tile import Tile
+
+    return Tile("edge", a, torch.ones(a.shape[0]) if s_a is None else s_a, w,
+                torch.ones(w.shape[0]) if s_w is None else s_w).validate()
+
+
+def test_check_2_uses_the_16384_bound_exactly_when_both_operands_contain_minus_128():
+    """16384·131071 < 2³¹ ≤ 16384·131072: all −128 operands at K = 131072 really wrap an int32
+    (to −2³¹), so check 2 must fire there and pass one K earlier; with −128 in one operand only the
+    bound is 16256 and K = 131072 is safe."""
+    from alibi.emulator import int32_wrap
+
+    K = 131072
+    a = torch.full((1, K), -128, dtype=torch.int8)
+    acc = exact_accumulator(a, a)
+    assert int(acc) == 2**31 and int(int32_wrap(acc)) == -(2**31)
+    assert checks.int32_no_overflow(predict(a, a, acc), K).status == "fired"
+    assert checks.int32_no_overflow(predict(a[:, 1:], a[:, 1:]), K - 1).status == "passed"
+    one_sided = torch.full((1, K), 127, dtype=torch.int8)
+    p = predict(a, one_sided)
+    assert (p.product_bound, p.k_limit) == (16256, 132104)
+    assert checks.int32_no_overflow(p, K).status == "passed"
+
+
+def test_check_3_passes_at_max_acc_exactly_2_to_the_24_and_fires_one_above():
+    """2²⁴ is the last integer of the run every integer of which fp32 holds (2²⁴ + 1 rounds to 2²⁴):
+    max|acc| = 2²⁴ passes with 0 bits of headroom, 2²⁴ + 1 fires."""
+    a = torch.full((1, 1024), -128, dtype=torch.int8)  # 1024 · 16384 = 2^24
+    at = predict(a, a)
+    assert at.max_abs_acc == 2**24 and at.headroom_bits == 0.0
+    assert checks.lossless_fp32_entry(at).status == "passed"
+    a1 = torch.cat([a, torch.ones((1, 1), dtype=torch.int8)], dim=1)
+    above = predict(a1, a1)
+    assert above.max_abs_acc == 2**24 + 1 and checks.lossless_fp32_entry(above).status == "fired"
+    assert float(torch.tensor(2**24 + 1, dtype=torch.float32)) == 2**24  # the rounding check 3 guards
+
+
+def test_pow2_identity_excludes_overflowing_results_where_the_orders_really_differ():
+    """s_a = 2¹²⁰, s_w = 2⁻¹⁰, acc = 2¹⁰: `a_then_w` overflows (2¹³⁰ → inf) while `w_then_a` gives
+    2¹²⁰. The outputs differ at every element, all of them are excluded as overflowing, and the
+    check passes; counting them would fire it."""
+    a = torch.full((2, 1), 32, dtype=torch.int8)
+    w = torch.full((3, 1), 32, dtype=torch.int8)  # acc = 1024 = 2^10
+    t = _tile(a, w, torch.full((2,), 2.0**120), torch.full((3,), 2.0**-10))
+    unit = evaluate_unit(get_kernel("emulator:w_then_a"), get_kernel("emulator:a_then_w"), t, "pow2",
+                         invariance=False)
+    v = unit["verdicts"]["pow2-identity"]
+    assert unit["n_differing"] == 6
+    assert v["status"] == "passed" and v["evidence"]["n_excluded_subnormal_or_overflow"] == 6
+
+
+def test_real_scale_tolerance_without_a_finite_pair_is_inapplicable_unless_the_non_finite_outputs_differ():
+    inf = torch.full((2, 2), float("inf")).to(torch.bfloat16)
+    v = checks.real_scale_tolerance(inf, inf.clone(), True)
+    assert v.status == "inapplicable" and v.evidence["max_ulp"] is None and v.threshold == 1
+    nan = torch.full((2, 2), float("nan")).to(torch.bfloat16)
+    v = checks.real_scale_tolerance(inf, nan, True)
+    assert v.status == "fired" and v.evidence["n_nonfinite_mismatch"] == 4 and v.evidence["max_ulp"] is None
