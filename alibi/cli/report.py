@@ -14,8 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     h = group.add_parser(
         "html", help="write a self-contained report.html for a result folder",
         description="Re-render the self-contained HTML report (figures inline, no network) of a result folder "
-                    "from its JSON: report.json or report/report.json (alibi conform, alibi run). A folder that a "
-                    "manifest.json covers keeps exactly its pinned files: its page goes beside it as "
+                    "from its JSON: report.json or report/report.json (alibi conform, alibi run), flips.json (alibi "
+                    "analyze flips), fits.json (alibi analyze depth), detection.json (alibi mutants); one section "
+                    "each. A folder that a manifest.json covers keeps exactly its pinned files: its page goes beside "
+                    "it as "
                     "<folder>.report.html; in any other folder it goes beside the JSON, as report.html.")
     h.add_argument("folder", type=Path, help="the result folder")
     h.add_argument("--out", type=Path, default=None,

@@ -3,8 +3,10 @@
 - `conform_html(report)` — the page for a conform report (the dict `alibi conform` and
   `alibi run` write as `report.json`), rendered from exactly the JSON text written beside it;
   `write_conform_html(report, folder)` writes it as `folder/report.html`.
-- `render_folder(folder)` — the page for any result folder: every section (`alibi.html.sections`)
-  whose JSON file the folder holds. `alibi report html DIR` calls it.
+- `render_folder(folder)` — the page for any result folder: every section (`alibi.html.sections`:
+  conform/run, flips, depth fits, mutants) whose JSON file the folder holds. `alibi report html DIR`
+  calls it; `write_report_html(folder)` writes it as `folder/report.html` (for a command that
+  stages its folder: call it after the JSON is in the stage and before the manifest).
 - `default_output(folder, source)` / `check_output(path)` — where a re-rendered page goes without
   breaking a manifest (see `pinning_manifest`).
 
@@ -82,6 +84,11 @@ def render_folder(folder: str | os.PathLike) -> RenderedPage:
     return RenderedPage(_page(rendered, note), tuple(sources))
 
 
+def write_report_html(folder: str | os.PathLike) -> Path:
+    """Render every section `folder` holds and write `folder/report.html` atomically; returns its path."""
+    return atomic.write_text(Path(folder) / HTML_NAME, render_folder(folder).html)
+
+
 def pinning_manifest(path: str | os.PathLike) -> Path | None:
     """The folder whose alibi manifest covers `path` (a file or folder, existing or not), or None.
 
@@ -130,4 +137,4 @@ def check_output(path: str | os.PathLike) -> Path:
 
 
 __all__ = ["HTML_NAME", "RenderedPage", "check_output", "conform_html", "default_output", "pinning_manifest",
-           "render_folder", "write_conform_html"]
+           "render_folder", "write_conform_html", "write_report_html"]

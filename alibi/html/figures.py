@@ -19,6 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 WIDTH_IN = 10.0
+MIN_WIDTH_IN = 5.5
+# Category axes (ulp bins) keep room for at least this many bars, so one bin is not drawn a page wide.
+MIN_SLOTS = 6
+TITLE_PAD = 18  # points between an axes and its title: one legend row fits there
 DPI = 100
 # At most this many tile names on an x axis; with more tiles every k-th is labelled.
 MAX_TICK_LABELS = 42
@@ -56,13 +60,15 @@ def common_prefix(names: Sequence[str]) -> str:
     return shared[:cut] if all(len(n) > cut for n in names) else ""
 
 
-def _figure(height_in: float, ncols: int = 1, *, bottom_in: float = 0.55, top_in: float = 0.35):
+def _figure(height_in: float, ncols: int = 1, *, bottom_in: float = 0.55, top_in: float = 0.35,
+            width_in: float = WIDTH_IN):
     """A figure with fixed margins in inches (a layout engine costs more than the drawing at hundreds of bars)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(WIDTH_IN, height_in + bottom_in + top_in), dpi=DPI)
+    fig = Figure(figsize=(width_in, height_in + bottom_in + top_in), dpi=DPI)
     total = height_in + bottom_in + top_in
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=bottom_in / total, top=1 - top_in / total, wspace=0.22)
+    fig.subplots_adjust(left=0.85 / width_in, right=1 - 0.1 / width_in, bottom=bottom_in / total,
+                        top=1 - top_in / total, wspace=0.22)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
 
@@ -76,7 +82,9 @@ def _tile_figure(names: Sequence[str], height_in: float):
     labels = [tick_label(names[i][len(prefix):]) for i in ticks]
     # Rotated 7-point labels: about 0.6 of the font size per character, plus the axis label below them.
     bottom = 0.5 + max((len(lab) for lab in labels), default=0) * 7 * 0.6 / 72
-    fig, (ax,) = _figure(height_in, bottom_in=bottom)
+    # A few tiles get a narrower figure, so that a bar stays a bar and not a wall.
+    width = min(WIDTH_IN, max(MIN_WIDTH_IN, 3.0 + 0.12 * n))
+    fig, (ax,) = _figure(height_in, bottom_in=bottom, top_in=0.6, width_in=width)
     ax.set_xticks(ticks, labels, rotation=90, fontsize=7)
     ax.set_xlim(-0.7, n - 0.3)
     xlabel = "tile, in report order" + (f" (every {step}th named)" if step > 1 else "")
@@ -105,10 +113,25 @@ def _plain_counts(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
 
 
+def _legend_under_title(ax, ncols: int, handles: list | None = None) -> None:
+    """The legend in the band between the axes and their title (a narrow figure has no room beside the title)."""
+    extra = {} if handles is None else {"handles": handles}
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False, ncols=ncols,
+              borderaxespad=0.1, handlelength=1.2, **extra)
+
+
 def _swatch(colour: str, label: str):
     from matplotlib.patches import Patch
 
     return Patch(facecolor=colour, label=label)
+
+
+def _plain_log(axis, integers: bool = False) -> None:
+    """Log-axis tick labels as plain numbers (4096, 0.001): the default ones are mathtext, drawn literally here."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if integers else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _png(fig, alt: str) -> Chart:
@@ -137,20 +160,21 @@ def headroom_chart(names: Sequence[str], headroom_bits: Sequence[float | None]) 
             lowest = list(headroom_bits).index(min(finite))
             colours[lowest] = MIN_COLOUR if headroom_bits[lowest] >= 0 else FIRED_COLOUR
         _bars(ax, range(len(names)), heights, 0.8, colours)
-        if lowest is not None:  # an empty artist carries the legend entry for the marked bar
-            ax.bar([], [], color=colours[lowest], label=f"smallest: {headroom_bits[lowest]:.2f} bits "
-                                                         f"({tick_label(names[lowest])})")
+        handles = []
+        if lowest is not None:
+            handles.append(_swatch(colours[lowest], f"smallest: {headroom_bits[lowest]:.2f} bits "
+                                                    f"({tick_label(names[lowest])})"))
         inf = [i for i, h in enumerate(headroom_bits) if h is None]
         if inf:
-            ax.scatter(inf, [top * 0.96] * len(inf), marker="v", color="#555555", s=14,
-                       label="all accumulators 0 (infinite headroom)")
+            handles.append(ax.scatter(inf, [top * 0.96] * len(inf), marker="v", color="#555555", s=14,
+                                      label="all accumulators 0 (infinite headroom)"))
         if any(h < 0 for h in finite):
-            ax.axhline(0.0, color=FIRED_COLOUR, linewidth=1.0, label="2²⁴ (below: fp32 entry may round)")
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncols=3)
+            handles.append(ax.axhline(0.0, color=FIRED_COLOUR, linewidth=1.0, label="2²⁴ (below: fp32 entry may round)"))
+        _legend_under_title(ax, ncols=3, handles=handles)
         bottom = min([*finite, 0.0])
         ax.set_ylim(bottom * 1.15 - (0.5 if bottom < 0 else 0), top)
         ax.set_ylabel("bits below 2²⁴")
-        ax.set_title("Headroom of the exact accumulator below 2²⁴, per tile", loc="left")
+        ax.set_title("Headroom of the exact accumulator below 2²⁴, per tile", loc="left", pad=TITLE_PAD)
         alt = (f"Bar chart of headroom bits for {len(names)} tiles; minimum {min(finite):.2f} bits" if finite
                else f"No finite headroom among {len(names)} tiles")
         return _png(fig, alt)
@@ -180,8 +204,8 @@ def differing_chart(names: Sequence[str], differing: Mapping[str, Sequence[int |
         ax.set_ylim(0, max(2.0, peak * 1.8))
         _plain_counts(ax.yaxis)
         ax.set_ylabel("differing elements")
-        ax.set_title("Differing output elements, per tile", loc="left")
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncols=len(regimes))
+        ax.set_title("Differing output elements, per tile", loc="left", pad=TITLE_PAD)
+        _legend_under_title(ax, ncols=len(regimes))
         alt = "; ".join(f"{r}: {sum(c or 0 for c in differing[r]):,} differing elements" for r in regimes)
         return _png(fig, f"Bar chart of differing elements per tile ({alt})")
 
@@ -254,6 +278,7 @@ def ulp_histogram_chart(counts: Sequence[UlpCounts]) -> Chart:
                 ax.set_ylim(0.7, max([*away, *near, 1]) * 4)
                 _plain_counts(ax.yaxis)
                 ax.set_xticks(list(xs), labels, fontsize=8)
+                ax.set_xlim(-0.75, max(len(labels), MIN_SLOTS) - 0.25)
                 ax.set_xlabel("ulp distance")
             ax.set_ylabel("elements")
             ax.set_title(f"{c.regime} scales: {c.total:,} elements", loc="left")
@@ -287,6 +312,7 @@ def max_ulp_chart(units_by_max_ulp: Mapping[str, Mapping[int, int]]) -> Chart:
                         ax.annotate(f"{n:,}", (x, n), xytext=(0, 2), textcoords="offset points", ha="center",
                                     fontsize=7)
                 ax.set_xticks(range(len(bins)), [b[0] for b in bins], fontsize=8)
+                ax.set_xlim(-0.75, max(len(bins), MIN_SLOTS) - 0.25)
                 ax.set_xlabel("largest ulp distance in the unit")
                 ax.set_ylim(0, max(values) * 1.2)
             ax.set_ylabel("units")
@@ -294,5 +320,161 @@ def max_ulp_chart(units_by_max_ulp: Mapping[str, Mapping[int, int]]) -> Chart:
         return _png(fig, "Bar chart of differing units by their largest ulp distance")
 
 
-__all__ = ["Chart", "UlpCounts", "differing_chart", "headroom_chart", "max_ulp_chart", "tick_label",
-           "ulp_bins", "ulp_histogram_chart"]
+# --- replay: flips against the margin ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecileBar:
+    """One margin decile: its label (the margin range), positions and flips in it."""
+
+    label: str
+    n: int
+    flips: int
+
+
+def decile_chart(deciles: Sequence[DecileBar]) -> Chart:
+    """Flip rate per decile of arm A's margin (lowest margin first), each bar annotated flips/positions."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig, (ax,) = _figure(2.6, bottom_in=1.0, width_in=7.0)
+        rates = [d.flips / d.n if d.n else 0.0 for d in deciles]
+        _bars(ax, range(len(deciles)), rates, 0.7, REGIME_COLOURS["real"])
+        for x, d in enumerate(deciles):
+            ax.annotate(f"{d.flips}/{d.n}", (x, rates[x]), xytext=(0, 2), textcoords="offset points", ha="center",
+                        fontsize=7)
+        ax.set_xticks(range(len(deciles)), [d.label for d in deciles], rotation=30, ha="right", fontsize=7)
+        ax.set_xlim(-0.6, len(deciles) - 0.4)
+        ax.set_ylim(0, max([*rates, 0.01]) * 1.25)
+        ax.set_xlabel("decile of arm a's margin (top-1 − top-2 logprob), lowest first")
+        ax.set_ylabel("flip rate")
+        ax.set_title("Token flips per margin decile", loc="left")
+        return _png(fig, "Bar chart of the flip rate per margin decile: " +
+                    ", ".join(f"{d.flips}/{d.n}" for d in deciles))
+
+
+def roc_chart(points: Sequence[tuple[float, float]], label: str) -> Chart:
+    """An ROC curve (false-positive rate, true-positive rate) with the chance diagonal."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig, (ax,) = _figure(3.4, bottom_in=0.5, width_in=4.6)
+        ax.plot([0, 1], [0, 1], color="#999999", linewidth=0.8, linestyle="--", label="chance")
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, color=REGIME_COLOURS["real"], marker="o", markersize=3, linewidth=1.4, label=label)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.set_aspect("equal")
+        ax.set_xlabel("false-positive rate")
+        ax.set_ylabel("true-positive rate")
+        ax.legend(loc="lower right", fontsize=7, frameon=False)
+        ax.set_title("ROC: low margin as a predictor of a flip", loc="left", fontsize=9)
+        return _png(fig, f"ROC curve, {label}")
+
+
+def calibration_chart(bins: Sequence[tuple[float, float, int]]) -> Chart:
+    """Held-out flip rate against the predicted flip probability, one marker per bin (area ∝ positions)."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig, (ax,) = _figure(3.4, bottom_in=0.5, width_in=4.6)
+        top = max([*(max(p, r) for p, r, _ in bins), 0.05]) * 1.1
+        ax.plot([0, top], [0, top], color="#999999", linewidth=0.8, linestyle="--", label="perfect calibration")
+        biggest = max([n for _, _, n in bins] or [1])
+        ax.scatter([p for p, _, _ in bins], [r for _, r, _ in bins], s=[12 + 120 * n / biggest for _, _, n in bins],
+                   color=REGIME_COLOURS["real"], alpha=0.8, label="bins (area ∝ held-out positions)")
+        ax.plot([p for p, _, _ in bins], [r for _, r, _ in bins], color=REGIME_COLOURS["real"], linewidth=0.8)
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_aspect("equal")
+        ax.set_xlabel("predicted flip probability (fit half)")
+        ax.set_ylabel("flip rate (held-out half)")
+        ax.legend(loc="lower right", fontsize=7, frameon=False)
+        ax.set_title("Calibration on held-out prompts", loc="left", fontsize=9)
+        return _png(fig, "Calibration chart: " + ", ".join(f"{p:.3f}→{r:.3f} (n={n})" for p, r, n in bins))
+
+
+# --- sweeps: divergence against K and M ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DepthSeries:
+    """One depth sweep for the log–log chart.
+
+    points: (K, fraction, low, high) where some element differed; bounds: (K, upper bound) where none did;
+    curve: (K, fitted fraction) of the selected model, band: (K, low, high) its bootstrap band (may be empty).
+    """
+
+    label: str
+    points: Sequence[tuple[float, float, float, float]]
+    bounds: Sequence[tuple[float, float]]
+    curve: Sequence[tuple[float, float]]
+    band: Sequence[tuple[float, float, float]]
+    curve_label: str
+
+
+def depth_chart(series: Sequence[DepthSeries]) -> Chart:
+    """Fraction of differing outputs against K on log–log axes, with each sweep's fitted curve and band."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        entries = sum(bool(s.points) + bool(s.bounds) + bool(s.curve) for s in series)
+        fig, (ax,) = _figure(3.8, bottom_in=0.5, top_in=0.2 + 0.16 * entries, width_in=8.0)
+        positive = [y for s in series for _, y, _, _ in s.points] + [y for s in series for _, y in s.bounds] + \
+                   [y for s in series for _, y in s.curve if y > 0]
+        floor = 0.1 * min(positive) if positive else 1e-9
+        handles = []
+        for i, s in enumerate(series):
+            colour = f"C{i % 10}"
+            if s.points:
+                K, y, lo, hi = (list(v) for v in zip(*s.points))
+                handles.append(ax.errorbar(K, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
+                                           fmt="o", color=colour, ms=4, capsize=2, label=f"{s.label}: measured"))
+            if s.bounds:
+                bx, by = zip(*s.bounds)
+                handles.append(ax.scatter(bx, by, marker="v", s=30, color=colour,
+                                          label=f"{s.label}: none differed (upper bound)"))
+            if s.curve:
+                cx, cy = zip(*s.curve)
+                (line,) = ax.plot(cx, [max(v, floor) for v in cy], color=colour, linewidth=1.4,
+                                  label=f"{s.label}: {s.curve_label}")
+                handles.append(line)
+            if s.band:
+                bk, blo, bhi = zip(*s.band)
+                ax.fill_between(bk, [max(v, floor) for v in blo], [max(v, floor) for v in bhi], color=colour,
+                                alpha=0.18, linewidth=0)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _plain_log(ax.xaxis, integers=True)
+        _plain_log(ax.yaxis)
+        ax.set_ylim(bottom=floor)
+        ax.set_xlabel("reduction depth K")
+        ax.set_ylabel("fraction differing bitwise")
+        ax.grid(True, which="major", alpha=0.3)
+        if handles:
+            ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, frameon=False,
+                      ncols=1, borderaxespad=0.1)
+        return _png(fig, "Log–log chart of the fraction of differing outputs against K: " +
+                    "; ".join(s.label for s in series))
+
+
+def rows_chart(points: Sequence[tuple[int, float, float, float]], label: str) -> Chart:
+    """Per-element rate (ppm) against M with its exact interval: (M, rate, low, high), rates as fractions."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig, (ax,) = _figure(3.0, bottom_in=0.5, width_in=7.0)
+        M = [p[0] for p in points]
+        r, lo, hi = ([1e6 * p[i] for p in points] for i in (1, 2, 3))
+        ax.errorbar(M, r, yerr=[[a - b for a, b in zip(r, lo)], [b - a for a, b in zip(r, hi)]], fmt="o",
+                    color=REGIME_COLOURS["real"], capsize=3)
+        ax.set_xscale("log", base=2)
+        _plain_log(ax.xaxis, integers=True)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("rows per call M")
+        ax.set_ylabel("differing elements (ppm)")
+        ax.set_title(label, loc="left", fontsize=9)
+        return _png(fig, f"Rate of differing elements against M ({label})")
+
+
+__all__ = ["Chart", "DecileBar", "DepthSeries", "UlpCounts", "calibration_chart", "decile_chart", "depth_chart",
+           "differing_chart", "headroom_chart", "max_ulp_chart", "roc_chart", "rows_chart", "tick_label", "ulp_bins",
+           "ulp_histogram_chart"]

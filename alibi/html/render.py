@@ -32,6 +32,8 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup
 
+from alibi.html.figures import Chart
+
 SCRIPT_FILE = "table-sort.js"
 
 
@@ -42,6 +44,27 @@ class RenderedSection:
     key: str
     title: str
     body: Markup
+
+
+@dataclass(frozen=True)
+class FigureView:
+    """A figure as a page shows it: title, caption, the image as a data URI (or why it is not drawn)."""
+
+    title: str
+    caption: str
+    src: str | None
+    width: int | None
+    height: int | None
+    alt: str
+    missing: str | None = None
+
+    @classmethod
+    def of(cls, title: str, caption: str, chart: Chart) -> FigureView:
+        return cls(title, caption, png_data_uri(chart.png), chart.width, chart.height, chart.alt)
+
+    @classmethod
+    def absent(cls, title: str, why: str) -> FigureView:
+        return cls(title, "", None, None, None, "", why)
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,5 +149,5 @@ def render_fragment(template: str, **context: object) -> Markup:
     return Markup(environment().get_template(template).render(**context))
 
 
-__all__ = ["RenderedSection", "content_security_policy", "environment", "format_bits", "format_count",
+__all__ = ["FigureView", "RenderedSection", "content_security_policy", "environment", "format_bits", "format_count",
            "format_ppm", "png_data_uri", "render_fragment", "render_page", "script_hash"]

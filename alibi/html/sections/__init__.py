@@ -27,6 +27,9 @@ from alibi.html.render import RenderedSection
 # Section modules, in page order.
 SECTION_MODULES = [
     "alibi.html.sections.conform",
+    "alibi.html.sections.flips",
+    "alibi.html.sections.depth",
+    "alibi.html.sections.mutants",
 ]
 
 

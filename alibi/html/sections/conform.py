@@ -23,12 +23,7 @@ from typing import Any
 
 from alibi.errors import InputError
 from alibi.html import figures
-from alibi.html.render import (
-    RenderedSection,
-    format_count,
-    png_data_uri,
-    render_fragment,
-)
+from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
 from alibi.html.sections import Section
 
 SCHEMA = "alibi.conform/v1"
@@ -314,25 +309,6 @@ def sorted_rows(rows: list[TileRow]) -> list[TileRow]:
     return sorted(rows, key=lambda t: (-t.differing, -len(t.fired), t.index))
 
 
-@dataclass(frozen=True)
-class FigureView:
-    title: str
-    caption: str
-    src: str | None
-    width: int | None
-    height: int | None
-    alt: str
-    missing: str | None = None
-
-    @classmethod
-    def of(cls, title: str, caption: str, chart: figures.Chart) -> FigureView:
-        return cls(title, caption, png_data_uri(chart.png), chart.width, chart.height, chart.alt)
-
-    @classmethod
-    def absent(cls, title: str, why: str) -> FigureView:
-        return cls(title, "", None, None, None, "", why)
-
-
 def _headroom_figure(rows: list[TileRow]) -> FigureView:
     title = "Headroom to 2²⁴ per tile"
     int8 = [t for t in rows if t.fmt == "int8"]
@@ -355,9 +331,11 @@ def _differing_figure(report: ConformReport, rows: list[TileRow]) -> FigureView:
     series = {r: [t.by_regime[r].n_differing if r in t.by_regime else None for t in rows] for r in report.regimes}
     chart = figures.differing_chart([t.name for t in rows], series)
     caption = ("Output elements whose bit patterns differ between arm a and arm b (n_differing), per tile and "
-               "scale regime, on a symmetric-log axis: a tile with no difference has no bar. Under pow2 weight "
-               "scales both epilogue orders round alike, so correct kernels leave no pow2 bar.")
-    return FigureView.of("Differing elements per tile, real and pow2 scales", caption, chart)
+               "scale regime, on a symmetric-log axis: a tile with no difference has no bar.")
+    if "pow2" in report.regimes and any(t.fmt == "int8" for t in rows):
+        caption += (" Under pow2 weight scales every scale order rounds alike, so two int8 kernels that differ only "
+                    "in their scale order leave no pow2 bar (a bias handled differently still can).")
+    return FigureView.of(f"Differing elements per tile, {' and '.join(report.regimes)} scales", caption, chart)
 
 
 def ulp_counts(report: ConformReport) -> list[figures.UlpCounts] | None:
