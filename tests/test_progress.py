@@ -87,3 +87,46 @@ def test_a_note_is_printed_above_a_live_bar_not_into_it():
     p.note("resuming: 1 unit done earlier")
     p(3, 3, "last")
     assert "resuming: 1 unit done earlier\n" in out.getvalue()
+
+
+EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny"]
+
+
+def _report_without_clock(folder) -> dict:
+    import json
+
+    doc = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    doc.pop("created_at")
+    return doc
+
+
+def test_conform_progress_goes_to_stderr_only_and_changes_no_result(tmp_path, capsys, monkeypatch):
+    from alibi.cli import main
+
+    assert main(["conform", *EMU, "--out", str(tmp_path / "lines")]) == 0
+    lines = capsys.readouterr()
+    units = [line for line in lines.err.splitlines() if re.match(r"\[\d+/4\] ", line)]
+    assert len(units) == 4 and not re.search(r"^\[\d+/4\]", lines.out, re.MULTILINE)
+    monkeypatch.setenv(ENV_VAR, "bar")
+    assert main(["conform", *EMU, "--out", str(tmp_path / "bar")]) == 0
+    bar = capsys.readouterr()
+    assert "4/4" in bar.err and "4/4" not in bar.out
+    assert main(["conform", *EMU, "--out", str(tmp_path / "quiet"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    reports = [_report_without_clock(tmp_path / d) for d in ("lines", "bar", "quiet")]
+    assert reports[0] == reports[1] == reports[2]
+
+
+def test_alibi_run_reports_every_unit_through_the_progress_callback(tmp_path):
+    import yaml
+
+    from alibi.experiment import load_experiment, run_experiment
+
+    exp = tmp_path / "smoke.yaml"
+    exp.write_text(yaml.safe_dump({"name": "smoke", "kernels": {"a": "emulator:w_then_a", "b": "emulator:a_then_w"},
+                                   "source": {"synthetic": {"preset": "tiny"}}, "out": str(tmp_path / "out")}))
+    out = io.StringIO()
+    result = run_experiment(load_experiment(exp), progress=Progress("run", stream=out))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == result.computed_units == 4
+    assert [line.split("]")[0] for line in lines] == ["[1/4", "[2/4", "[3/4", "[4/4"]
