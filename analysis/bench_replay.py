@@ -10,7 +10,8 @@ In one process, on one model and kernel, over the same windows of a prompt set:
 Each is timed `--repeats` times, interleaved (forward, replay, forward, replay, …) after one
 warm-up of each, synchronizing CUDA around every timed run; the medians are reported with the
 replay throughput in scored positions per second and `ratio` = replay / forward time (the goal
-is ≤ 1.2). Prints one JSON object (and writes it to `--out` if given).
+is ≤ 1.2), and the same in process CPU time (`cpu_ratio`: all threads, which a machine shared
+with other jobs distorts less than wall time). Prints one JSON object (and writes it to `--out` if given).
 
     python analysis/bench_replay.py --model MODEL_DIR --kernel torch-cpu --prompts SET \\
         [--windows 8] [--context 256] [--positions 256] [--repeats 3] [--out FILE]
@@ -69,20 +70,24 @@ def main() -> None:
     def replay() -> None:
         replay_windows(lm, ids, span, hasher=hasher)
 
-    def timed(fn) -> float:
+    def timed(fn) -> tuple[float, float]:
         sync()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         sync()
-        return time.perf_counter() - t
+        return time.perf_counter() - t, time.process_time() - c
 
     timed(forward), timed(replay)  # warm-up: kernel compilation, allocator, thread pool
     runs: dict[str, list[float]] = {"forward": [], "replay": []}
+    cpu: dict[str, list[float]] = {"forward": [], "replay": []}
     for _ in range(args.repeats):
-        runs["forward"].append(timed(forward))
-        runs["replay"].append(timed(replay))
+        for key, fn in (("forward", forward), ("replay", replay)):
+            wall, proc = timed(fn)
+            runs[key].append(wall)
+            cpu[key].append(proc)
     hasher.close()
     forward_s, replay_s = statistics.median(runs["forward"]), statistics.median(runs["replay"])
+    cpu_forward_s, cpu_replay_s = statistics.median(cpu["forward"]), statistics.median(cpu["replay"])
     scored = len(span.windows) * span.positions
     doc = {
         "benchmark": "teacher-forced replay vs plain forward",
@@ -94,6 +99,8 @@ def main() -> None:
         "replay_positions_per_s": round(scored / replay_s, 1),
         "forward_tokens_per_s": round(len(span.windows) * span.fed / forward_s, 1),
         "ratio": round(replay_s / forward_s, 4), "goal_ratio": GOAL_RATIO,
+        "cpu_forward_s": round(cpu_forward_s, 4), "cpu_replay_s": round(cpu_replay_s, 4),
+        "cpu_ratio": round(cpu_replay_s / cpu_forward_s, 4),
         "goal_met": replay_s / forward_s <= GOAL_RATIO,
         "environment": environment_record(),
     }

@@ -14,9 +14,9 @@
 #                           context, each arm a fresh process, then `alibi analyze flips` (≈ 1 min each)
 #   greedy-real, greedy-pow2 64 prompts (64 tokens) × 64 new tokens, batch 64, each arm twice, every
 #                           run a fresh process (≈ 1 min each: 4 process starts dominate)
-#   pvd-<ckpt>-<kernel>     prefill vs decode with module attribution, 4 windows × 64 positions
+#   pvd-<ckpt>-<arm>        prefill vs decode with module attribution, 4 windows × 64 positions
 #                           after 256 tokens, per arm and checkpoint (≈ 30 s each, 4 runs)
-#   bench-<kernel>          replay throughput and its ratio to a plain forward, 16 windows (≈ 30 s each)
+#   bench-<arm>             replay throughput and its ratio to a plain forward, 16 windows (≈ 30 s each)
 #
 # One device call may run 10 minutes: the parts run in the order above and a part whose time
 # estimate no longer fits in BUDGET_S (default 540 s) is skipped and named in the summary, so the
@@ -28,6 +28,12 @@ MODEL=$1 POW2=$2 PROMPTS=$3 SUB=$4
 : "${OUT:?OUT must name the folder that comes back}"
 PARTS=${PARTS:-tf greedy pvd bench}
 BUDGET_S=${BUDGET_S:-540}
+# The sizes and kernels above, overridable for a dry run of the plumbing elsewhere (e.g. on a CPU
+# with KERNEL_A=torch-cpu KERNEL_B=emulator:a_then_w and a small model and prompt set).
+KA=${KERNEL_A:-cutlass} KB=${KERNEL_B:-triton}
+N=${WINDOWS:-64} T=${CONTEXT:-256} P=${POSITIONS:-256}
+GT=${PROMPT_TOKENS:-64} GN=${NEW_TOKENS:-64} GB=${BATCH_SIZE:-64}
+PN=${PVD_WINDOWS:-4} PP=${PVD_POSITIONS:-64} BN=${BENCH_WINDOWS:-16}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=$OUT/$SUB
 mkdir -p "$R"
@@ -52,69 +58,72 @@ cat "$R/env.txt"
 for ck in real pow2; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
   want tf && step "tf-$ck" 90 240 python -m alibi replay teacher-forced --model "$dir" --prompts "$PROMPTS" \
-    --kernel-a cutlass --kernel-b triton --windows 64 --context 256 --positions 256 --out "$R/tf-$ck"
+    --kernel-a "$KA" --kernel-b "$KB" --windows $N --context $T --positions $P --out "$R/tf-$ck"
 done
 for ck in real pow2; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
   want greedy && step "greedy-$ck" 60 180 python -m alibi replay greedy --model "$dir" --prompts "$PROMPTS" \
-    --kernel-a cutlass --kernel-b triton --windows 64 --prompt-tokens 64 --new-tokens 64 --batch-size 64 \
+    --kernel-a "$KA" --kernel-b "$KB" --windows $N --prompt-tokens $GT --new-tokens $GN --batch-size $GB \
     --out "$R/greedy-$ck"
 done
 for ck in real pow2; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
-  for k in cutlass triton; do
-    want pvd && step "pvd-$ck-$k" 30 120 python -m alibi replay prefill-vs-decode --model "$dir" --prompts "$PROMPTS" \
-      --kernel $k --windows 4 --context 256 --positions 64 --out "$R/pvd-$ck-$k"
+  for arm in a b; do
+    k=$KA; [ $arm = b ] && k=$KB
+    want pvd && step "pvd-$ck-$arm" 30 120 python -m alibi replay prefill-vs-decode --model "$dir" \
+      --prompts "$PROMPTS" --kernel "$k" --windows $PN --context $T --positions $PP --out "$R/pvd-$ck-$arm"
   done
 done
-for k in cutlass triton; do
-  want bench && step "bench-$k" 30 120 python analysis/bench_replay.py --model "$MODEL" --kernel $k \
-    --prompts "$PROMPTS" --windows 16 --context 256 --positions 256 --repeats 3 --out "$R/bench-$k.json"
+for arm in a b; do
+  k=$KA; [ $arm = b ] && k=$KB
+  want bench && step "bench-$arm" 30 120 python analysis/bench_replay.py --model "$MODEL" --kernel "$k" \
+    --prompts "$PROMPTS" --windows $BN --context $T --positions $P --repeats 3 --out "$R/bench-$arm.json"
 done
 
-python - "$R" > "$R/summary.txt" 2>&1 <<'EOF'
+python - "$R" "$KA" "$KB" > "$R/summary.txt" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
 r = Path(sys.argv[1])
+kernels = {"a": sys.argv[2], "b": sys.argv[3]}
 def load(p):
     try:
         return json.loads((r / p).read_text())
     except (OSError, ValueError):
         return None
-print(f"{'part':<24} result")
+print(f"{'part':<32} result   (arm a = {kernels['a']}, arm b = {kernels['b']})")
 for ck in ("real", "pow2"):
     f = load(f"tf-{ck}/flips/flips.json")
     if f:
         ci = f.get("roc_auc_ci90")
-        print(f"{'teacher-forced ' + ck:<24} positions {f['n_positions']}, flips {f['n_flips']} (rate {f['flip_rate']:.4f}), "
+        print(f"{'teacher-forced ' + ck:<32} positions {f['n_positions']}, flips {f['n_flips']} (rate {f['flip_rate']:.4f}), "
               f"logits identical {f.get('logits_identical')}/{f.get('logits_compared')}, AUC {f.get('roc_auc')} CI90 {ci}, "
               f"Brier {f.get('brier_heldout')} vs {f.get('brier_baseline')}")
     else:
-        print(f"{'teacher-forced ' + ck:<24} MISSING (see tf-{ck}.txt)")
+        print(f"{'teacher-forced ' + ck:<32} MISSING (see tf-{ck}.txt)")
 for ck in ("real", "pow2"):
     g = load(f"greedy-{ck}/greedy.json")
     if g:
         d = [x for x in g["first_divergence"] if x is not None]
-        print(f"{'greedy ' + ck:<24} identical {g['identical_sequences']}/{g['n_prompts']}, reproduce a {g['arm_a_reproduces']} "
+        print(f"{'greedy ' + ck:<32} identical {g['identical_sequences']}/{g['n_prompts']}, reproduce a {g['arm_a_reproduces']} "
               f"b {g['arm_b_reproduces']}, first divergence min {min(d) if d else None} max {max(d) if d else None}")
     else:
-        print(f"{'greedy ' + ck:<24} MISSING (see greedy-{ck}.txt)")
+        print(f"{'greedy ' + ck:<32} MISSING (see greedy-{ck}.txt)")
 for ck in ("real", "pow2"):
-    for k in ("cutlass", "triton"):
-        p = load(f"pvd-{ck}-{k}/prefill_decode.json")
+    for arm, k in kernels.items():
+        p = load(f"pvd-{ck}-{arm}/prefill_decode.json")
         if p:
             top = ", ".join(f"{m} {n}" for m, n in list(p["first_kind_counts"].items())[:3])
-            print(f"{'prefill-decode ' + ck + ' ' + k:<24} logits differ {p['logits_differ']}/{p['n_positions']}, "
+            print(f"{'prefill-decode ' + ck + ' ' + k:<32} logits differ {p['logits_differ']}/{p['n_positions']}, "
                   f"flips {p['argmax_flips']}, unattributed {p['unattributed']}; first: {top}")
         else:
-            print(f"{'prefill-decode ' + ck + ' ' + k:<24} MISSING (see pvd-{ck}-{k}.txt)")
-for k in ("cutlass", "triton"):
-    b = load(f"bench-{k}.json")
+            print(f"{'prefill-decode ' + ck + ' ' + k:<32} MISSING (see pvd-{ck}-{arm}.txt)")
+for arm, k in kernels.items():
+    b = load(f"bench-{arm}.json")
     if b:
-        print(f"{'bench ' + k:<24} replay {b['replay_positions_per_s']} positions/s, ratio to forward {b['ratio']} "
+        print(f"{'bench ' + k:<32} replay {b['replay_positions_per_s']} positions/s, ratio to forward {b['ratio']} "
               f"(goal <= {b['goal_ratio']}: {b['goal_met']})")
     else:
-        print(f"{'bench ' + k:<24} MISSING (see bench-{k}.txt)")
+        print(f"{'bench ' + k:<32} MISSING (see bench-{arm}.txt)")
 EOF
 stamp "summary"
 cp "$R/summary.txt" "$OUT/$SUB-summary.txt"
