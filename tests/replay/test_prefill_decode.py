@@ -98,3 +98,15 @@ def test_the_attention_function_is_restored_after_recording(tiny):
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not before
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in lm.model.modules())
+
+
+@needs_model_extra
+def test_decoding_with_no_step_after_the_prefill_is_the_prefill_bit_for_bit(tiny):
+    """With `prefill_tokens` equal to the window, the decode regime is one prefill that also fills
+    the cache; filling the cache changes no arithmetic."""
+    from alibi.model.prompts import load_prompt_set
+    from alibi.model.runner import load_model
+
+    lm = load_model(tiny / "w8a8", "torch-cpu")
+    ids = load_prompt_set(tiny / "set").input_ids[2, :24]
+    assert torch.equal(bits(lm.incremental_logits(ids, 24)), bits(lm.logits(ids.reshape(1, -1))[0]))
