@@ -323,9 +323,10 @@ def _unit_rows(plan: Plan, regime: str, report: dict[str, Any], base: Recorder, 
             raise RuntimeError(f"tile {u['tile']}: {len(outs_b)} base launches but {len(outs_m)} mutant launches")
         changed = 0
         for ob, om in zip(outs_b, outs_m, strict=True):
-            changed += int((~bitwise_equal_mask(ob, om)).sum())
+            n = int((~bitwise_equal_mask(ob, om)).sum())
+            changed += n
             launched += ob.numel()
-            ulp = max_ulp_distance(ob, om)
+            ulp = max_ulp_distance(ob, om) if n else (0 if bool(torch.isfinite(ob).any()) else None)
             if ulp is not None:
                 ulps.append(ulp)
         changed_total += changed

@@ -206,25 +206,24 @@ def saturating_pair_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.T
     """The int32 accumulator of an int8 path without VNNI (AVX2 `vpmaddubsw`, as oneDNN documents).
 
     Activations are shifted to unsigned (a + 128 ∈ [0, 255]); each pair of adjacent products
-    (a₂ⱼ+128)·w₂ⱼ + (a₂ⱼ₊₁+128)·w₂ⱼ₊₁ is summed in a *saturating* int16 lane; the lanes are then
-    summed exactly and the shift's compensation 128·Σₖ w is subtracted. Without saturation this
-    is the exact accumulator; a pair that exceeds ±32767 clips, and the result is wrong.
+    p = (a₂ⱼ+128)·w₂ⱼ + (a₂ⱼ₊₁+128)·w₂ⱼ₊₁ is summed in a *saturating* int16 lane; the lanes are then
+    summed exactly and the shift's compensation 128·Σₖ w is subtracted. Without saturation that is
+    the exact accumulator, so the result is the exact accumulator plus Σ (clamp(p) − p) over the
+    pairs that clip. Only pairs with 255·(|w₂ⱼ| + |w₂ⱼ₊₁|) > 32767 can clip; those are evaluated.
     """
-    K = a_q.shape[1]
+    acc = exact_accumulator(a_q, w_q)
     a = a_q.to(torch.int32) + 128
     w = w_q.to(torch.int32)
-    if K % 2:
+    if a_q.shape[1] % 2:  # an odd K pairs its last product with a zero
         a = torch.cat([a, torch.zeros((a.shape[0], 1), dtype=torch.int32)], 1)
         w = torch.cat([w, torch.zeros((w.shape[0], 1), dtype=torch.int32)], 1)
-    out = torch.empty((a.shape[0], w.shape[0]), dtype=torch.int64)
-    pairs_a = a.reshape(a.shape[0], -1, 2)
-    chunk = max(1, (1 << 24) // max(1, a.numel()))  # bounds the [M, n, K/2] intermediate to ~2^24 entries
-    for n0 in range(0, w.shape[0], chunk):
-        pairs_w = w[n0:n0 + chunk].reshape(-1, pairs_a.shape[1], 2)
-        lanes = (pairs_a[:, None] * pairs_w[None]).sum(-1).clamp_(-32768, 32767)
-        out[:, n0:n0 + chunk] = lanes.sum(-1, dtype=torch.int64)
-    compensation = 128 * w_q.to(torch.int64).sum(1)
-    return out - compensation[None, :]
+    w0, w1 = w[:, 0::2], w[:, 1::2]
+    n_idx, p_idx = ((w0.abs() + w1.abs()) * 255 > 32767).nonzero(as_tuple=True)
+    for c0 in range(0, len(n_idx), 1 << 16):  # bounds the [M, pairs] intermediate
+        n, j = n_idx[c0:c0 + (1 << 16)], p_idx[c0:c0 + (1 << 16)]
+        lanes = a[:, 0::2][:, j] * w0[n, j] + a[:, 1::2][:, j] * w1[n, j]
+        acc.index_add_(1, n, (lanes.clamp(-32768, 32767) - lanes).to(torch.int64))
+    return acc
 
 
 # --- the faults -----------------------------------------------------------------------------------

@@ -156,6 +156,19 @@ def test_round_toward_zero_never_increases_a_magnitude_and_differs_from_nearest_
     assert bool(torch.isfinite(round_toward_zero(torch.tensor([1e6]), torch.float16)).all())  # no overflow to inf
 
 
+@pytest.mark.parametrize("M,K,N", [(5, 33, 7), (16, 256, 64), (3, 1, 2)])
+def test_saturating_pairs_equal_a_lane_by_lane_saturating_sum(M, K, N):
+    """Against the definition itself: every int16 lane formed, clipped and summed (odd K: a zero pads the last pair)."""
+    g = torch.Generator().manual_seed(M + K + N)
+    a_q = torch.randint(-128, 128, (M, K), generator=g, dtype=torch.int8)
+    w_q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+    a, w = a_q.long() + 128, w_q.long()
+    if K % 2:
+        a, w = torch.nn.functional.pad(a, (0, 1)), torch.nn.functional.pad(w, (0, 1))
+    lanes = (a[:, None, 0::2] * w[None, :, 0::2] + a[:, None, 1::2] * w[None, :, 1::2]).clamp(-32768, 32767)
+    assert torch.equal(saturating_pair_accumulator(a_q, w_q), lanes.sum(-1) - 128 * w_q.long().sum(1)[None])
+
+
 def test_saturating_pairs_equal_the_exact_accumulator_until_a_pair_leaves_the_int16_range():
     g = torch.Generator().manual_seed(1)
     small_a = torch.randint(-128, -60, (5, 33), generator=g, dtype=torch.int8)  # a + 128 ≤ 67: pairs ≤ 17,018
