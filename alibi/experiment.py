@@ -466,8 +466,11 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
         if strays:
             raise InputError(f"{out / UNITS_DIR / strays[0]}: not a unit of this run; remove it and resume")
         return
-    atomic.write_bytes(out / EXPERIMENT_COPY, exp.file.read_bytes())
-    atomic.write_text(existing, record_text)
+    # The run folder appears with both files or not at all: a kill between two separate writes left
+    # a folder holding only experiment.yaml, which neither a fresh run nor --resume would take.
+    with atomic.staged_dir(out) as stage:
+        atomic.write_bytes(stage / EXPERIMENT_COPY, exp.file.read_bytes())
+        atomic.write_text(stage / RUN_RECORD, record_text)
 
 
 def require_committed_code(exp: Experiment, allow_dirty: bool) -> dict[str, Any]:

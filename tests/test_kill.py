@@ -1,0 +1,270 @@
+"""A kill at every write of every writing command leaves the old state or the complete new one.
+
+tests/kill_harness.py kills a command just before each call of alibi's two commit primitives
+(`atomic._commit`, `atomic.exchange`) and once after the last, which reaches every state a SIGKILL
+can leave (see its docstring). For each state this test asks: is the output exactly what it was
+before the command (or still absent), or the complete new output (its manifest verifies, its
+content is the new one)? Hidden staging entries may be left beside the output by a kill; the next
+run of the command must remove them. `alibi run` is resumable by design: every state its kills
+leave must resume to the bytes of an uninterrupted run (apart from the one timestamp).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from hostile import REPO
+
+from alibi.cli import main
+from alibi.governance.manifest import read_manifest, strip_timestamp, verify_files
+
+HARNESS = REPO / "tests" / "kill_harness.py"
+KILLED = 137
+
+
+def _tree(path: Path) -> dict[str, bytes] | bytes | None:
+    if path.is_dir():
+        return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return path.read_bytes() if path.exists() else None
+
+
+def kill_everywhere(tmp_path: Path, argv: list[str], out: Path, old: Path | None, *,
+                    preload: tuple[str, ...] = ()) -> list[tuple[int, Path]]:
+    """Run the harness; return (kill point, snapshot folder) for every state it left, the last one
+    being the run that completed. Asserts the command completed (exit 0 or 1: a check may fire)."""
+    snapshots = tmp_path / f"snapshots-{argv[0]}-{len(list(tmp_path.glob('snapshots-*')))}"
+    spec = tmp_path / "kill-spec.json"
+    spec.write_text(json.dumps({"argv": argv, "out": str(out), "old": None if old is None else str(old),
+                                "snapshots": str(snapshots), "cwd": str(tmp_path), "preload": list(preload)}))
+    proc = subprocess.run([sys.executable, str(HARNESS), str(spec)], cwd=REPO, capture_output=True, text=True,
+                          check=False, timeout=1200, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    results = {int(k): v for k, v in json.loads((snapshots / "results.json").read_text()).items()}
+    last = max(results)
+    assert results[last] in (100, 101), f"the complete run exited {results[last] - 100}"
+    assert all(code == KILLED for k, code in results.items() if k != last)
+    assert last >= 2, "the command made no commit at all"
+    return [(k, snapshots / str(k)) for k in sorted(results)]
+
+
+def judge(states: list[tuple[int, Path]], old: Path | None, is_complete_new: Callable[[Path], bool]) -> dict:
+    """Every state is the old one or a complete new one; the completed run's is new. Returns counts."""
+    want_old = _tree(old) if old is not None else None
+    seen = {"old": 0, "new": 0}
+    for k, snap in states:
+        left = snap / "out"
+        if _tree(left) == want_old:
+            seen["old"] += 1
+        else:
+            assert is_complete_new(left), f"the kill before commit {k} left a partial output"
+            seen["new"] += 1
+    assert is_complete_new(states[-1][1] / "out")
+    assert seen["old"] >= 1, "no kill point before the output changed: the harness counted no commit"
+    return seen
+
+
+def stages_left(states: list[tuple[int, Path]]) -> int:
+    return max(len(json.loads((snap / "stages.json").read_text())) for _, snap in states)
+
+
+# --- conform -----------------------------------------------------------------------------------
+
+EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w", "--quiet"]
+
+
+def test_conform_killed_at_any_write_leaves_the_old_report_or_the_complete_new_one(tmp_path):
+    old, out = tmp_path / "old-report", tmp_path / "report"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--seed", "1", "--out", str(old)]) == 0
+
+    def complete(path: Path) -> bool:
+        names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+        return (names == {"report.json", "report.md", "junit.xml", "report.html", "manifest.json"}
+                and verify_files(path) == [] and json.loads((path / "report.json").read_text())["seed"] == 2)
+
+    states = kill_everywhere(tmp_path, ["conform", *EMU, "--synthetic", "tiny", "--seed", "2", "--out", str(out)],
+                             out, old, preload=("alibi.conform", "alibi.report", "alibi.html"))
+    seen = judge(states, old, complete)
+    assert seen["new"] >= 1 and len(states) >= 6  # html, md, junit, json, manifest in the stage, then the swap
+    assert stages_left(states) >= 1  # kills inside the stage leave it; the next run removes it:
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--seed", "2", "--out", str(out)]) == 0
+    assert not list(tmp_path.glob(".report.*"))
+
+
+# --- pow2-rewrite --overwrite ------------------------------------------------------------------
+
+def test_pow2_rewrite_overwrite_killed_at_any_write_leaves_the_old_checkpoint_or_the_new_one(tmp_path):
+    from model.builders import tiny_dense_tensors, write_llm_compressor_style
+
+    from alibi.model.compressed_tensors import read_w8a8
+    from alibi.numerics import is_pow2
+
+    src, old, out = tmp_path / "w8a8", tmp_path / "old-pow2", tmp_path / "pow2"
+    write_llm_compressor_style(src, tiny_dense_tensors(seed=2), shards=2)
+    assert main(["pow2-rewrite", str(src), str(old), "--mode", "nearest", "--keep-weights"]) == 0
+
+    def complete(path: Path) -> bool:
+        if not (path / "manifest.json").is_file() or verify_files(path) != []:
+            return False
+        mode = read_manifest(path).predicate["parameters"]["pow2_rewrite"]["mode"]
+        return mode == "ceil" and all(bool(is_pow2(lin.scale).all()) for lin in read_w8a8(path).linears.values())
+
+    states = kill_everywhere(tmp_path, ["pow2-rewrite", str(src), str(out), "--mode", "ceil", "--keep-weights",
+                                        "--overwrite"], out, old, preload=("alibi.pow2", "alibi.model.compressed_tensors"))
+    judge(states, old, complete)
+    assert stages_left(states) >= 1
+    assert main(["pow2-rewrite", str(src), str(out), "--mode", "ceil", "--keep-weights", "--overwrite"]) == 0
+    assert not list(tmp_path.glob(".pow2.*"))  # the stale stage (up to a whole checkpoint) is gone
+
+
+# --- predict, manifest write, prereg lock and amend: single-file outputs -----------------------
+
+@pytest.fixture
+def tiles(tmp_path):
+    from alibi.synthetic import synthetic_tiles
+    from alibi.tile import save_tile
+
+    folder = tmp_path / "tiles"
+    folder.mkdir()
+    for t in synthetic_tiles("tiny", seed=3):
+        save_tile(t, folder / f"{t.name}.safetensors")
+    return folder
+
+
+def test_predict_killed_at_its_write_leaves_the_old_file_or_the_new_one(tmp_path, tiles):
+    from alibi.governance.manifest import digest_tree
+    from alibi.model.predictions import verify_predictions
+
+    old = tmp_path / "old.json"
+    old.write_text('{"format": "something else"}\n')
+    out = tmp_path / "pred.json"
+
+    def complete(path: Path) -> bool:
+        return path.is_file() and verify_predictions(path)["tiles"]["folder_digest"]["sha256"] == digest_tree(tiles)
+
+    judge(kill_everywhere(tmp_path, ["predict", "--tiles", str(tiles), "--out", str(out)], out, old,
+                          preload=("alibi.model.predictions",)), old, complete)
+
+
+def test_manifest_write_killed_at_its_write_leaves_the_old_manifest_or_the_new_one(tmp_path, tiles):
+    assert main(["manifest", "write", str(tiles), "--kind", "tiles", "--seed", "1"]) == 0
+    old = tmp_path / "old-manifest.json"
+    shutil.copy(tiles / "manifest.json", old)
+
+    def complete(path: Path) -> bool:
+        return path.is_file() and json.loads(path.read_text())["predicate"]["seed"] == 2 and verify_files(path) == []
+
+    out = tiles / "manifest.json"
+    states = kill_everywhere(tmp_path, ["manifest", "write", str(tiles), "--kind", "tiles", "--seed", "2"], out, old)
+    for _, snap in states:  # judged in place: the manifest covers the folder it sits in
+        shutil.copy(snap / "out", out)
+        assert (snap / "out").read_bytes() == old.read_bytes() or complete(out)
+
+
+def test_prereg_lock_and_amend_killed_at_their_write_leave_a_consistent_protocol(tmp_path):
+    from alibi.governance import prereg
+
+    folder = tmp_path / "study"
+    prereg.init(folder)
+    lock = folder / "lock.json"
+    states = kill_everywhere(tmp_path, ["prereg", "lock", str(folder)], lock, None)
+    for _, snap in states:
+        if (snap / "out").exists():
+            shutil.copy(snap / "out", lock)
+            assert prereg.verify(folder) == []
+    assert lock.is_file() and prereg.verify(folder) == []
+    (folder / "protocol.md").write_text("# changed\n")
+    log = folder / "amendments.jsonl"
+    states = kill_everywhere(tmp_path, ["prereg", "amend", str(folder), "--reason", "edit"], log, None)
+    assert prereg.verify(folder) == []  # the completed run's log is in place
+    for _, snap in states:
+        left = snap / "out"
+        if left.exists():
+            shutil.copy(left, log)
+            assert prereg.verify(folder) == []
+        else:  # no log yet: the edit is pending, the records themselves are intact
+            log.unlink(missing_ok=True)
+            assert [p for p in prereg.verify(folder) if "without an amendment" not in p] == []
+
+
+# --- alibi run: every state resumes to the uninterrupted bytes ---------------------------------
+
+def test_alibi_run_killed_at_any_write_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path):
+    exp = tmp_path / "e.yaml"
+    exp.write_text(yaml.safe_dump({"name": "k", "kernels": {"a": "emulator:w_then_a", "b": "emulator:a_then_w"},
+                                   "source": {"synthetic": {"preset": "tiny"}}, "scales": ["real", "pow2"]}))
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    assert main(["run", str(exp), "--out", str(straight), "--quiet"]) == 0
+    states = kill_everywhere(tmp_path, ["run", str(exp), "--out", str(out), "--quiet"], out, None,
+                             preload=("alibi.experiment", "alibi.conform", "alibi.report", "alibi.html"))
+    assert len(states) >= 10  # experiment.yaml, run.json, 4 units, the report stage, criteria-less manifest
+
+    def comparable(folder: Path) -> dict[str, bytes]:
+        files = _tree(folder)
+        files["manifest.json"] = json.dumps(strip_timestamp(json.loads(files["manifest.json"])),
+                                            sort_keys=True).encode()
+        return files
+
+    want = comparable(straight)
+    for k, snap in states:
+        left = snap / "out"
+        if not left.exists():
+            continue
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(left, out)
+        assert main(["run", str(exp), "--out", str(out), "--quiet", "--resume"]) == 0, f"kill point {k}"
+        assert comparable(out) == want, f"the run killed before commit {k} resumed to different bytes"
+        assert not [p for p in out.rglob(".*")], f"kill point {k}: a stale stage survived the resume"
+
+
+# --- prompts build and capture: new folders -------------------------------------------------------
+
+needs_model_extra = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("transformers") is None
+    or __import__("importlib").util.find_spec("tokenizers") is None,
+    reason="needs transformers and tokenizers (pip install 'integer-alibi[model]')")
+CORPUS = " ".join(f"Line {i}: the quick brown fox {i % 5} jumps over the lazy dog." for i in range(400))
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
+
+    from alibi import atomic
+    from alibi.model.checkpoint import write_checkpoint
+    from alibi.model.compressed_tensors import quantize_dense
+
+    write_tiny_tokenizer(tmp_path / "tok", CORPUS)
+    ckpt = quantize_dense(TINY_LLAMA, tiny_dense_tensors(seed=7))
+    with atomic.staged_dir(tmp_path / "w8a8") as stage:
+        write_checkpoint(stage, ckpt.config, ckpt.tensors(),
+                         {"tokenizer.json": (tmp_path / "tok" / "tokenizer.json").read_bytes()})
+    (tmp_path / "corpus.txt").write_text(CORPUS)
+    return tmp_path
+
+
+@needs_model_extra
+def test_prompts_build_and_capture_killed_at_any_write_leave_nothing_or_the_complete_folder(tiny_model):
+    from alibi.model.prompts import load_prompt_set
+    from alibi.tile import load_tile_dir
+
+    tmp_path = tiny_model
+    prompts = tmp_path / "set"
+    build = ["prompts", "build", "--text", str(tmp_path / "corpus.txt"), "--tokenizer", str(tmp_path / "w8a8"),
+             "--windows", "2", "--tokens", "48", "--out", str(prompts)]
+    states = kill_everywhere(tmp_path, build, prompts, None, preload=("alibi.model.prompts", "tokenizers"))
+    judge(states, None, lambda p: p.is_dir() and load_prompt_set(p).windows == 2)
+    shutil.rmtree(prompts, ignore_errors=True)
+    assert main(build) == 0
+
+    out = tmp_path / "cap"
+    states = kill_everywhere(tmp_path, ["capture", "--model", str(tmp_path / "w8a8"), "--prompts", str(prompts),
+                                        "--tokens", "16", "--out", str(out)], out, None,
+                             preload=("alibi.model.capture", "alibi.model.runner", "transformers"))
+    judge(states, None, lambda p: p.is_dir() and verify_files(p) == [] and len(load_tile_dir(p)) == 14)
