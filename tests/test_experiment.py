@@ -425,3 +425,11 @@ def test_the_report_folder_of_a_run_is_replaced_whole(tmp_path, monkeypatch):
         run_experiment(exp, resume=True)
     assert _files(tmp_path / "out" / "report") == before
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".report")]
+
+
+def test_synthetic_rows_of_a_billion_in_an_experiment_are_refused_before_anything_is_written(tmp_path):
+    """Guards: `source.synthetic.rows: 1000000000` asked the generator for 256 GB of activations."""
+    exp = _experiment(tmp_path, source={"synthetic": {"preset": "smollm2-135m", "rows": 10**9}})
+    with pytest.raises(InputError, match="over the element budget"):
+        run_experiment(load_experiment(exp))
+    assert not (tmp_path / "out").exists()
