@@ -12,7 +12,6 @@ A unit's result is a plain JSON-able dict, so long runs can persist units one by
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -276,8 +275,9 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def progress_printer(stream=sys.stderr) -> Callable[[int, int, str], None]:
-    """Per-unit progress on `stream`: a bar on a terminal, `[done/total] label (s)` lines otherwise (alibi.progress)."""
+def progress_printer(stream=None) -> Callable[[int, int, str], None]:
+    """Per-unit progress on `stream` (default: sys.stderr as it is at the call, not at import): a bar on a
+    terminal, `[done/total] label (s)` lines otherwise (alibi.progress)."""
     from alibi.progress import Progress
 
     return Progress("conform", stream=stream)
