@@ -57,15 +57,14 @@ def score_rows(rows: torch.Tensor, forced: torch.Tensor) -> ScoredRows:
     if rows.dtype != torch.float32 or rows.dim() != 2:
         raise ValueError(f"score_rows takes fp32 logits [P,V], got {rows.dtype} {list(rows.shape)}")
     logp = torch.log_softmax(rows, dim=-1)
-    top1 = rows.argmax(dim=-1, keepdim=True)
-    top1_logit = rows.gather(1, top1)
-    rest = rows.scatter(1, top1, float("-inf"))
-    top2 = rest.argmax(dim=-1, keepdim=True)
-    top2_logit = rest.gather(1, top2)
+    top1 = rows.argmax(dim=-1, keepdim=True)  # the first maximal index (documented by torch)
+    # The two largest *values* (equal on a tie). Which tied index topk returns is unspecified, but
+    # log_softmax gives equal logits equal log-probabilities, so the gathered value is the same.
+    best = rows.topk(2, dim=-1)
     forced = forced.to(rows.device).reshape(-1, 1)
     return ScoredRows(forced_logprob=logp.gather(1, forced)[:, 0], top1_id=top1[:, 0],
-                      top1_logprob=logp.gather(1, top1)[:, 0], top2_logprob=logp.gather(1, top2)[:, 0],
-                      margin=(top1_logit - top2_logit)[:, 0])
+                      top1_logprob=logp.gather(1, top1)[:, 0], top2_logprob=logp.gather(1, best.indices[:, 1:])[:, 0],
+                      margin=best.values[:, 0] - best.values[:, 1])
 
 
 def _row_digests(host_rows: torch.Tensor) -> list[str]:
