@@ -86,7 +86,7 @@ def last_resort_line(exc: BaseException) -> str:
         what = "an input is nested too deeply to process (RecursionError); it is not a file alibi wrote"
     elif isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        what = f"{where}{exc.strerror or exc.__class__.__name__} ({exc.__class__.__name__}); check the path, " \
+        what = f"{where}{exc.strerror or str(exc) or exc.__class__.__name__} ({exc.__class__.__name__}); check the path, " \
                "its permissions and the free space"
     else:
         what = f"an input is not valid text ({exc.__class__.__name__}: {exc})"
