@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# gpu_payload/src.tar.gz: the toolkit, scripts, prompt sets and protocols of one commit (default
+# HEAD), for analysis/h200/session.sh; refuses a commit that is not in the history.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+commit=$(git rev-parse --verify "${1:-HEAD}^{commit}")
+mkdir -p gpu_payload
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+git archive --format=tar "$commit" -- alibi analysis/h200 analysis/bench_replay.py experiments prereg tests pyproject.toml > "$tmp/src.tar"
+echo "$commit" > "$tmp/SOURCE_COMMIT"
+tar -rf "$tmp/src.tar" -C "$tmp" SOURCE_COMMIT
+gzip -9 -c "$tmp/src.tar" > gpu_payload/src.tar.gz
+echo "gpu_payload/src.tar.gz: commit $commit, $(stat -c %s gpu_payload/src.tar.gz) bytes"

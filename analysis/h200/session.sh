@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One H200 session for issues 9, 10, 11 and 14, in calls of at most 10 minutes each:
+#
+#   bash analysis/h200/session.sh STAGE
+#
+#   sweeps    carry gpu_payload/{smollm2.gguf.part-aa,cutlass_include.tar.xz,alibi_cache.tar.xz,src.tar.gz}:
+#             keeps GGUF part aa in /tmp/alibi, then analysis/h200/sweeps.sh
+#   tokens    carry part-ab instead of part-aa: joins the GGUF, prepares the real and the pow2
+#             checkpoints, then analysis/h200/tokens.sh (the locked prereg/smollm2-token-transfer)
+#   controls  analysis/h200/positive_controls.sh, then tokens.sh's exploratory parts (prefill vs
+#             decode, replay throughput) while the prepared model is still in /tmp/alibi
+#   vllm-unpack, vllm   analysis/h200/vllm.sh in its two-call form: the first call carries
+#             gpu_payload/vllm and only decompresses it, the next runs it (see that script)
+#
+# The code that runs is not the working tree that travels but `gpu_payload/src.tar.gz`, a
+# `git archive` of one commit (analysis/h200/pack_source.sh), unpacked into /tmp/src: so every
+# result's recorded source digest is that commit's tree (`alibi manifest provenance` finds it),
+# whatever else the working tree held when the call was made.
+set -u
+STAGE=$1
+: "${OUT:?}"
+REPO=$PWD
+S=/tmp/src
+rm -rf "$S" && mkdir -p "$S" && tar -xzf gpu_payload/src.tar.gz -C "$S" || { echo "no source archive"; exit 1; }
+ln -s "$REPO/gpu_payload" "$S/gpu_payload"
+cd "$S" || exit 1
+echo "source: commit $(cat SOURCE_COMMIT)"; cp SOURCE_COMMIT "$OUT/"
+source analysis/h200/setup.sh
+case $STAGE in
+  sweeps)
+    [ -f gpu_payload/smollm2.gguf.part-aa ] && cp gpu_payload/smollm2.gguf.part-aa "$W/"
+    bash analysis/h200/sweeps.sh ;;
+  tokens)
+    prepare_model || exit 1
+    PARTS="tf greedy" PROMPT_TOKENS=128 BUDGET_S=${BUDGET_S:-480} bash analysis/h200/tokens.sh "$W/model/w8a8" \
+      "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens ;;
+  controls)  # the positive controls, then the exploratory token parts if the model is still in /tmp
+    bash analysis/h200/positive_controls.sh
+    if model_ready; then
+      PARTS="pvd bench" BUDGET_S=${BUDGET_S:-200} bash analysis/h200/tokens.sh "$W/model/w8a8" \
+        "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens-exploratory
+    fi ;;
+  vllm-unpack)  # carries gpu_payload/vllm (56 MB) alone: decompress the op library into /tmp
+    bash analysis/h200/vllm.sh --unpack ;;
+  vllm)
+    bash analysis/h200/vllm.sh ;;
+  *) echo "unknown stage $STAGE"; exit 2 ;;
+esac
+stamp "stage $STAGE done"
