@@ -5,10 +5,10 @@
 #
 #   sweeps    carry gpu_payload/{smollm2.gguf.part-aa,cutlass_include.tar.xz,alibi_cache.tar.xz,src.tar.gz}:
 #             keeps GGUF part aa in /tmp/alibi, then analysis/h200/sweeps.sh
-#   tokens    carry part-ab instead of part-aa: joins the GGUF, prepares the real and the pow2
-#             checkpoints, then analysis/h200/tokens.sh (the locked prereg/smollm2-token-transfer)
-#   controls  analysis/h200/positive_controls.sh, then tokens.sh's exploratory parts (prefill vs
-#             decode, replay throughput) while the prepared model is still in /tmp/alibi
+#   controls  (part ab) analysis/h200/positive_controls.sh
+#   tokens    (part ac) joins the GGUF, prepares the real and the pow2 checkpoints, then
+#             analysis/h200/tokens.sh's pre-registered parts (prereg/smollm2-token-transfer)
+#   explore   tokens.sh's exploratory parts (prefill vs decode, replay throughput)
 #   vllm-unpack, vllm   analysis/h200/vllm.sh in its two-call form: the first call carries
 #             gpu_payload/vllm and only decompresses it, the next runs it (see that script)
 #
@@ -28,18 +28,19 @@ echo "source: commit $(cat SOURCE_COMMIT)"; cp SOURCE_COMMIT "$OUT/"
 source analysis/h200/setup.sh
 case $STAGE in
   sweeps)
-    [ -f gpu_payload/smollm2.gguf.part-aa ] && cp gpu_payload/smollm2.gguf.part-aa "$W/"
+    stash_gguf_part
     bash analysis/h200/sweeps.sh ;;
   tokens)
     prepare_model || exit 1
     PARTS="tf greedy" PROMPT_TOKENS=128 BUDGET_S=${BUDGET_S:-480} bash analysis/h200/tokens.sh "$W/model/w8a8" \
       "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens ;;
-  controls)  # the positive controls, then the exploratory token parts if the model is still in /tmp
-    bash analysis/h200/positive_controls.sh
-    if model_ready; then
-      PARTS="pvd bench" BUDGET_S=${BUDGET_S:-200} bash analysis/h200/tokens.sh "$W/model/w8a8" \
-        "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens-exploratory
-    fi ;;
+  controls)
+    stash_gguf_part
+    bash analysis/h200/positive_controls.sh ;;
+  explore)
+    prepare_model || exit 1
+    PARTS="pvd bench" BUDGET_S=${BUDGET_S:-300} bash analysis/h200/tokens.sh "$W/model/w8a8" \
+      "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens-exploratory ;;
   vllm-unpack)  # carries gpu_payload/vllm (56 MB) alone: decompress the op library into /tmp
     bash analysis/h200/vllm.sh --unpack ;;
   vllm)

@@ -16,19 +16,25 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
   lscpu | grep -E 'Model name|^CPU\(s\)'; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# The SmolLM2 GGUF travels in two parts (one call carries at most 64 MiB): part aa in one call,
-# part ab in the next, joined here.
+# The SmolLM2 GGUF (98 MB) travels in three parts, one per call (a call carries at most 64 MiB
+# together with the working tree): `stash_gguf_part` keeps whatever part came along in /tmp/alibi,
+# `prepare_model` joins them once all three are there.
+GGUF_PARTS="aa ab ac"
+stash_gguf_part() {
+  for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && echo "kept $(basename "$p") in $W"; done
+}
 model_ready() {
   [ -f "$W/model/w8a8/manifest.json" ] && [ -f "$W/model/w8a8-pow2-ceil/manifest.json" ]
 }
 prepare_model() {
   model_ready && return 0
-  [ -f gpu_payload/smollm2.gguf.part-aa ] && cp gpu_payload/smollm2.gguf.part-aa "$W/"
-  [ -f gpu_payload/smollm2.gguf.part-ab ] && cp gpu_payload/smollm2.gguf.part-ab "$W/"
-  if [ ! -f "$W/smollm2.gguf.part-aa" ] || [ ! -f "$W/smollm2.gguf.part-ab" ]; then
-    echo "model: GGUF part missing (have: $(ls $W | tr '\n' ' '))"; return 1
-  fi
-  cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf" || return 1
+  stash_gguf_part
+  local parts=""
+  for x in $GGUF_PARTS; do
+    [ -f "$W/smollm2.gguf.part-$x" ] || { echo "model: GGUF part $x missing (have: $(ls $W | tr '\n' ' '))"; return 1; }
+    parts="$parts $W/smollm2.gguf.part-$x"
+  done
+  cat $parts > "$W/s.gguf" || return 1
   python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" > "$OUT/prepare.txt" 2>&1 || { cat "$OUT/prepare.txt"; return 1; }
   python -m alibi pow2-rewrite --mode ceil --requantize-from "$W/model/bf16" "$W/model/w8a8" "$W/model/w8a8-pow2-ceil" >> "$OUT/prepare.txt" 2>&1 || { cat "$OUT/prepare.txt"; return 1; }
   tail -4 "$OUT/prepare.txt"; stamp "model prepared"
