@@ -114,3 +114,20 @@ def test_model_prepare_reports_each_stage_on_stderr(tmp_path, capsys):
     stages = _stage_lines(capsys.readouterr().err, "model prepare")
     assert [s.split(" (")[0].split(" ")[3] for s in stages] == ["verified", "dequantized", "quantized", "wrote"]
     assert "quantized 210 Linears to W8A8" in stages[2]
+
+
+@needs_model_extra
+def test_ctrl_c_during_capture_leaves_no_folder_and_says_so_in_one_line(workspace, monkeypatch, capsys):
+    import alibi.governance.manifest as manifest
+
+    def interrupted(*args, **kwargs):  # Ctrl-C arrives after the tiles were written, before the manifest
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(manifest, "write_manifest", interrupted)
+    out = workspace / "cap"
+    assert main(["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"),
+                 "--out", str(out), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err == ("alibi: interrupted (Ctrl-C): nothing was written (alibi writes its outputs only once they are "
+                   "complete); run the command again\n")
+    assert not out.exists() and not [p for p in workspace.iterdir() if p.name.startswith(".cap.")]
