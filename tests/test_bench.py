@@ -132,7 +132,7 @@ def test_the_measuring_loop_runs_on_cpu_kernels_with_a_fake_clock(monkeypatch):
     counts (eager: 2 ms per timed call, graph: 1 ms), so the rows' arithmetic can be checked exactly."""
     import torch
 
-    import alibi.bench as bench
+    from alibi import bench
 
     calls = {"n": 0}
 
