@@ -12,8 +12,10 @@
 #
 #   tf-real, tf-pow2        teacher-forced, 64 windows × 256 scored positions after 256 tokens of
 #                           context, each arm a fresh process, then `alibi analyze flips` (≈ 1 min each)
-#   greedy-real, greedy-pow2 64 prompts (64 tokens) × 64 new tokens, batch 64, each arm twice, every
-#                           run a fresh process (≈ 1 min each: 4 process starts dominate)
+#   greedy-real, greedy-pow2 64 prompts (the first 128 tokens of each window) × 64 new tokens, batch 64,
+#                           each arm twice, every run a fresh process (≈ 1 min each: 4 process
+#                           starts dominate)
+#                           (the sizes of tf and greedy are those of prereg/smollm2-token-transfer)
 #   pvd-<ckpt>-<arm>        prefill vs decode with module attribution, 4 windows × 64 positions
 #                           after 256 tokens, per arm and checkpoint (≈ 30 s each, 4 runs)
 #   bench-<arm>             replay throughput and its ratio to a plain forward, 16 windows (≈ 30 s each)
@@ -32,7 +34,7 @@ BUDGET_S=${BUDGET_S:-540}
 # with KERNEL_A=torch-cpu KERNEL_B=emulator:a_then_w and a small model and prompt set).
 KA=${KERNEL_A:-cutlass} KB=${KERNEL_B:-triton}
 N=${WINDOWS:-64} T=${CONTEXT:-256} P=${POSITIONS:-256}
-GT=${PROMPT_TOKENS:-64} GN=${NEW_TOKENS:-64} GB=${BATCH_SIZE:-64}
+GT=${PROMPT_TOKENS:-128} GN=${NEW_TOKENS:-64} GB=${BATCH_SIZE:-64}
 PN=${PVD_WINDOWS:-4} PP=${PVD_POSITIONS:-64} BN=${BENCH_WINDOWS:-16}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=$OUT/$SUB
@@ -52,7 +54,8 @@ step() {  # step NAME ESTIMATE_S TIMEOUT_S COMMAND...: run if it fits, log to $R
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  lscpu | grep -E 'Model name|^CPU\(s\)'; git rev-parse HEAD; git status --porcelain --untracked-files=no | head; } > "$R/env.txt" 2>&1
+  lscpu | grep -E 'Model name|^CPU\(s\)'
+  git rev-parse HEAD 2>/dev/null || cat SOURCE_COMMIT 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 
 for ck in real pow2; do
