@@ -49,7 +49,9 @@ class TorchCpuKernel(Kernel):
         return True, f"torch._int_mm on the CPU (torch {torch.__version__})"
 
     def accumulator(self, a_q, w_q):
-        return torch._int_mm(a_q.contiguous(), w_q.T.contiguous())
+        # A fresh row-major [K,N] copy: for N×1 weights `w_q.T.contiguous()` keeps the strides (1, 1),
+        # which torch calls contiguous but torch 2.13's CPU _int_mm misreads (garbage at K = 1).
+        return torch._int_mm(a_q.contiguous(), w_q.T.clone(memory_format=torch.contiguous_format))
 
     def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
         return torch_epilogue(self.accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)

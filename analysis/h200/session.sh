@@ -8,6 +8,7 @@
 #   controls  (part ab) analysis/h200/positive_controls.sh
 #   tokens    (part ac) joins the GGUF, prepares the real and the pow2 checkpoints, then
 #             analysis/h200/tokens.sh's pre-registered parts (prereg/smollm2-token-transfer)
+#   stash     only keeps the GGUF part it carries (calls must follow within ~30 s to keep /tmp)
 #   explore   tokens.sh's exploratory parts (prefill vs decode, replay throughput)
 #   vllm-unpack, vllm   analysis/h200/vllm.sh in its two-call form: the first call carries
 #             gpu_payload/vllm and only decompresses it, the next runs it (see that script)
@@ -34,6 +35,8 @@ case $STAGE in
     prepare_model || exit 1
     PARTS="tf greedy" PROMPT_TOKENS=128 BUDGET_S=${BUDGET_S:-480} bash analysis/h200/tokens.sh "$W/model/w8a8" \
       "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens ;;
+  stash)  # only keep the GGUF part this call carries
+    stash_gguf_part ;;
   controls)
     stash_gguf_part
     bash analysis/h200/positive_controls.sh ;;
