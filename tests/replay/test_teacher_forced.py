@@ -103,3 +103,22 @@ def test_arms_on_another_checkpoint_prompt_set_or_span_fail_the_contract_naming_
     _arm(tiny, tmp_path / "b", "emulator:a_then_w", arm="b", **{"windows": 2, **other})
     with pytest.raises(IdentityViolation, match=field.replace(".", r"\.")):
         require_identity(tmp_path / "a", tmp_path / "b", treatment=("kernel",))
+
+
+@needs_model_extra
+def test_a_kernel_that_produces_nan_is_refused_naming_the_position_and_nothing_is_written(tiny, tmp_path):
+    from faulty_kernels import Reference
+
+    from alibi import kernels
+    from alibi.errors import InputError
+
+    class NanKernel(Reference):
+        name = "test:nan"
+
+        def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+            return torch.full((a_q.shape[0], w_q.shape[0]), float("nan"), dtype=out_dtype)
+
+    kernels.register(NanKernel.name, NanKernel)
+    with pytest.raises(InputError, match=r"window 0 position 20: test:nan produced non-finite logits"):
+        _arm(tiny, tmp_path / "a", NanKernel.name, windows=1)
+    assert list(tmp_path.iterdir()) == []
