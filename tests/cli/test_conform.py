@@ -70,3 +70,14 @@ def test_a_path_with_a_newline_or_an_escape_sequence_stays_on_one_line(tmp_path,
     line = main_one_line(capsys, ["conform", *EMU, "--tiles", str(bad), "--out", str(tmp_path / "r")],
                          "evil\\nalibi: error: fake\\x1b[2J")
     assert "\x1b" not in line
+
+
+def test_the_report_records_the_cpu_model_and_its_int8_isa(tmp_path):
+    """Issue 16: CPU results depend on the CPU; every result names it and its ISA flags."""
+    from alibi.governance.environment import environment
+
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(out)]) == 0
+    env = json.loads((out / "report.json").read_text())["environment"]
+    assert env["cpu"] == environment().cpu and env["cpu_isa"] == list(environment().cpu_isa)
+    assert read_manifest(out).predicate["environment"]["cpu_isa"] == env["cpu_isa"]
