@@ -104,6 +104,9 @@ def _operands_telling_fusion_apart(M: int, N: int, K: int, seed: int, bias_dtype
                          f"at M={M}, N={N}, K={K}")
 
 
+@pytest.mark.parametrize("path", ["sm90", "sm80"])
+@pytest.mark.parametrize("M,N,K", [(1, 1000, 1536), (16, 584, 4096), (512, 4096, 4096), (4096, 1000, 2048)])
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cutlass_with_bias_equals_the_exactly_fused_fma_model(path, M, N, K, bias_dtype):
     """The output is the fused model bit for bit, on operands where the two-rounding model differs
     from it, so the test also proves the output is not the two-rounding model (issue 16: the second
