@@ -23,6 +23,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from alibi import atomic
+from alibi.errors import one_line
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
 # How many differing elements `report.md` shows per tile (report.json lists up to the cap of
@@ -191,12 +192,18 @@ def to_markdown(report: dict[str, Any]) -> str:
         fired = ", ".join(k for k, v in u["verdicts"].items() if v["fired"]) or "-"
         head = "" if u["headroom_bits"] is None else f"{u['headroom_bits']:.2f}"
         mark = "=" if u["bitwise_equal"] else "**≠**"
-        out.append(f"| {mark} | {u['tile']} | {u['regime']} | {u['M']} | {u['K']} | {u['N']} | "
+        out.append(f"| {mark} | {_cell(u['tile'])} | {u['regime']} | {u['M']} | {u['K']} | {u['N']} | "
                    f"{_md(u['n_differing'])} / {_md(u['n_elements'])} | {_md(u['max_ulp'])} | "
                    f"{_md(u['bitwise_equal'])} | {_md(u['max_abs_acc'])} | {head} | {fired} | {_first_positions(u)} |")
     env = report["environment"]
     out += ["", "## Environment", "", *(f"- {k}: {_md(v)}" for k, v in env.items()), ""]
     return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell from an untrusted name: control characters escaped (a newline in a tile
+    name would otherwise end the row and inject a heading), pipes and backticks escaped."""
+    return one_line(str(text)).replace("|", "\\|").replace("`", "\\`")
 
 
 def to_junit(report: dict[str, Any]) -> str:

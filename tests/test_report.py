@@ -100,3 +100,15 @@ def test_a_seeded_synthetic_report_names_its_seed(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "synthetic preset tiny (seed 3); seed 3;" in md
     assert md == to_markdown(json.loads((tmp_path / "report.json").read_text()))
+
+
+def test_a_tile_name_with_a_newline_or_a_pipe_cannot_inject_markdown(conformed):
+    """issue 16: tile names were pasted raw into report.md, so a newline in a name started a heading."""
+    report = json.loads(json.dumps(conformed[0]))
+    report["tiles"][0]["tile"] = "evil\n# Injected heading | extra cell `code`"
+    md = to_markdown(report)
+    assert not any(line.startswith("# Injected") for line in md.splitlines())
+    row = next(line for line in md.splitlines() if "evil" in line)
+    assert "evil\\n# Injected heading \\| extra cell \\`code\\`" in row
+    header = next(line for line in md.splitlines() if line.startswith("| | tile |"))
+    assert row.replace("\\|", "").count("|") == header.count("|")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alibi import jsonio
 from alibi.errors import InputError
 from alibi.governance.manifest import (
     TIMESTAMP_FIELD,
@@ -142,10 +143,7 @@ def _load(path: str | os.PathLike) -> tuple[Path, Any]:
     p = manifest_path(path)
     if not p.is_file():
         raise InputError(f"{p}: no such manifest; pass a manifest.json or the artifact folder holding one")
-    try:
-        return p, json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: not valid JSON ({exc}); the manifest is damaged") from None
+    return p, jsonio.read(p)
 
 
 def _logged_selections(kernel_log: Any) -> bool:
@@ -174,6 +172,13 @@ def _kernel_evidence_problems(statement: Mapping[str, Any]) -> list[str]:
             if holder.get(key) in (None, "", {}):
                 problems.append(f"field {where}.{key} is missing: kernel evidence is required")
     return problems
+
+
+def _subject_names(statement: Any) -> set[Any]:
+    """The subject names of a statement; a `subject` that is not a list (already reported by
+    `statement_problems`) contributes none."""
+    subject = statement.get("subject") if isinstance(statement, dict) else None
+    return {s.get("name") for s in subject if isinstance(s, dict)} if isinstance(subject, list) else set()
 
 
 def compare_manifests(a: str | os.PathLike, b: str | os.PathLike,
@@ -211,8 +216,7 @@ def compare_manifests(a: str | os.PathLike, b: str | os.PathLike,
         else:
             problems.append(f"field {path} differs: A={_show(flat_a[path])}, B={_show(flat_b[path])}")
 
-    names_a = {s.get("name") for s in sa.get("subject", []) if isinstance(s, dict)} if isinstance(sa, dict) else set()
-    names_b = {s.get("name") for s in sb.get("subject", []) if isinstance(s, dict)} if isinstance(sb, dict) else set()
+    names_a, names_b = _subject_names(sa), _subject_names(sb)
     problems += [f"subject {n}: only in A" for n in sorted(names_a - names_b, key=str)]
     problems += [f"subject {n}: only in B" for n in sorted(names_b - names_a, key=str)]
     return IdentityRecord(a=str(a), b=str(b), a_sha256=sha256_file(pa), b_sha256=sha256_file(pb),

@@ -142,3 +142,32 @@ def test_require_identity_returns_a_record_to_embed_when_the_contract_holds(pair
     record = require_identity(*pair, ["kernel"]).as_dict()
     assert record["verified"] is True and record["allow_unverified"] is False
     assert record["treatment"] == ["predicate.treatment"]
+
+
+def test_compare_manifests_reports_a_subject_that_is_not_a_list_instead_of_crashing(tmp_path):
+    """issue 16: a B manifest whose `subject` is not a list made the library (not only the CLI) raise."""
+    import json
+
+    from alibi.governance.identity import compare_manifests
+    from alibi.governance.manifest import build_predicate, write_manifest
+
+    for arm in ("a", "b"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "x.txt").write_text("x")
+        write_manifest(tmp_path / arm, "report", build_predicate())
+    doc = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    doc["subject"] = {"name": "x.txt"}
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(doc))
+    record = compare_manifests(tmp_path / "a", tmp_path / "b", ("none",))
+    assert not record.verified and any("subject" in p for p in record.problems)
+
+
+def test_a_deeply_nested_manifest_is_one_input_error_not_a_recursion_error(tmp_path):
+    import pytest
+
+    from alibi.errors import InputError
+    from alibi.governance.identity import compare_manifests
+
+    (tmp_path / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(InputError, match="nested (more than|too deeply)"):
+        compare_manifests(tmp_path, tmp_path)
