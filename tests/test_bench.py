@@ -170,3 +170,13 @@ def test_the_measuring_loop_runs_on_cpu_kernels_with_a_fake_clock(monkeypatch):
     assert warm["graph_tops"] == case.ops / 1e-3 / 1e12 and warm["eager_tops"] == case.ops / 2e-3 / 1e12
     assert warm["ratios"] == {INT_MM: 1.0} and warm["ratios_eager"] == {INT_MM: 1.0}
     assert rows[(INT_MM, "warm")]["detail"]["pad_m"] == 13
+
+
+@pytest.mark.parametrize("flags, message", [(["--repeats", "0"], "--repeats must be at least 1"),
+                                            (["--l2", "hot"], "--l2 'hot': expected warm, cold")])
+def test_bench_refuses_bad_repeats_and_l2_modes_before_anything_runs(flags, message, capsys, tmp_path):
+    from alibi.cli import main
+
+    assert main(["bench", *flags, "--out", str(tmp_path / "b.json")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()

@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a shape to measure (repeatable); default M in 1,16,128,512,4096 at N=K=4096 "
                         "and M=4096 at N=K=8192")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement in ms (default 100)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per measurement (default 3; the "
+                   "report gives the median and the min-max spread)")
+    p.add_argument("--l2", default="warm,cold", help="L2 modes, comma-separated: warm (one operand set), cold "
+                   "(operand copies rotated through more than twice the L2); default both")
     p.add_argument("--out", type=Path, default=Path("alibi-bench.json"), help="JSON report (default ./alibi-bench.json)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
@@ -50,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rep_ms < 1:
         raise InputError(f"--rep-ms must be positive, got {args.rep_ms}")
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be at least 1, got {args.repeats}")
+    l2_modes = [m for m in args.l2.split(",") if m]
+    bad = sorted(set(l2_modes) - {"warm", "cold"})
+    if bad or not l2_modes:
+        raise InputError(f"--l2 {args.l2!r}: expected warm, cold or warm,cold")
     atomic.check_writable_dir(args.out.parent if str(args.out.parent) else Path("."))
     int8 = [k for k in (",".join(INT8_KERNELS) if args.int8 is None else args.int8).split(",") if k]
     fp8 = [k for k in (",".join(FP8_KERNELS) if args.fp8 is None else args.fp8).split(",") if k]
@@ -65,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         cases += default_cases("int8") if shapes is None else [Case("int8", *s) for s in shapes]
     if fp8:
         cases += default_cases("fp8_e4m3") if shapes is None else [Case("fp8_e4m3", *s) for s in shapes]
-    report = run_bench(int8, fp8, cases, rep_ms=args.rep_ms,
+    report = run_bench(int8, fp8, cases, rep_ms=args.rep_ms, repeats=args.repeats, l2_modes=l2_modes,
                        progress=None if args.quiet else (lambda line: print(line, file=sys.stderr)))
     if not any(r["status"] == "ok" for r in report["results"]):
         reasons = sorted({f"{r['kernel']}: {r['reason']}" for r in report["results"]})
