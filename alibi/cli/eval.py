@@ -50,6 +50,13 @@ def _load(args: argparse.Namespace):
     from alibi.model.prompts import load_prompt_set, require_tokenizer_match
     from alibi.model.runner import load_model
 
+    if args.out is not None:  # refuse a bad --out before the (slow) model load, not after the work
+        from alibi import atomic
+
+        if args.out.is_dir():
+            raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
+        atomic.refuse_overlap(args.out, {"--model": args.model, "--prompts": args.prompts}, what="--out")
+        atomic.check_writable_dir(args.out.parent if str(args.out.parent) else Path("."))
     prompts = load_prompt_set(args.prompts)
     if args.windows is not None and args.windows < 1:
         raise InputError(f"--windows must be positive (got {args.windows})")
