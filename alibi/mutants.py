@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from alibi.kernels.mutants import (
     native_triton_mutant,
 )
 from alibi.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.progress import ProgressCallback
 from alibi.tile import Tile
 
 SCHEMA = "alibi.mutants/v1"
@@ -383,18 +383,20 @@ def summarize_classes(rows: Iterable[FaultRow], units: Iterable[UnitRow]) -> tup
 def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mapping[str, Any],
                faults: Iterable[str] | None = None, severities: Iterable[str] = DEFAULT_SEVERITIES,
                regimes: Iterable[str] = ("real", "pow2"), native: bool = False,
-               progress: Callable[[str], None] | None = None) -> DetectionMatrix:
+               progress: ProgressCallback | None = None) -> DetectionMatrix:
     """Run the conformance procedure of `base` against each of its mutants on `tiles`.
 
     Validates everything first (faults, severities, regimes, the base's availability and formats),
-    so bad input fails before any kernel runs.
+    so bad input fails before any kernel runs. progress: called `(done, total, label)` after each
+    row of the matrix, i.e. each mutant plan under each regime (alibi.progress).
     """
     regimes = validate_regimes(regimes)
     base.require_available()
     check_tiles(base, base_name, tiles)
     plans, skipped = plan_rows(base, base_name, faults, severities, native)
     rows, units = [], []
-    for i, plan in enumerate(plans):
+    total = len(plans) * len(regimes)
+    for plan in plans:
         for regime in regimes:
             rec_base, rec_mut = Recorder(base), Recorder(plan.build())
             pair = Pair(rec_base, rec_mut, f"positive control: {base_name} against {rec_mut.name}")
@@ -404,7 +406,7 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
             rows.append(_row(plan, rec_mut.name, regime, unit_rows, agg))
             if progress:
                 r = rows[-1]
-                progress(f"[{i + 1}/{len(plans)}] {r.kernel} [{regime}]: "
+                progress(len(rows), total, f"{r.kernel} [{regime}]: "
                          f"{'observable' if r.observable else 'unobservable'}, fired: {', '.join(r.fired) or 'none'}")
     null_silent = not any(r.fired for r in rows if r.fault == "null")
     undetected = tuple(dict.fromkeys(r.fault for r in rows if r.fault != "null" and r.observable and not r.detected))
@@ -419,15 +421,6 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
         checks=tuple(CHECKS), faults=tuple(rows), units=tuple(units), check_summary=summarize_checks(rows),
         classes=summarize_classes(rows, units), not_applicable=tuple(skipped), null_silent=null_silent,
         all_detected=not undetected, undetected_classes=undetected, environment=environment())
-
-
-def progress_printer(stream=sys.stderr) -> Callable[[str], None]:
-    start = time.monotonic()
-
-    def report(line: str) -> None:
-        print(f"{line} ({time.monotonic() - start:.1f} s)", file=stream, flush=True)
-
-    return report
 
 
 # --- rendering ------------------------------------------------------------------------------------

@@ -128,6 +128,30 @@ def test_the_command_writes_json_markdown_figures_and_a_verifiable_manifest(tmp_
     assert main(["manifest", "verify", str(out)]) == 0
 
 
+def test_progress_lines_count_matrix_rows_on_stderr_and_leave_stdout_and_the_matrix_unchanged(
+        tmp_path, small_tiles, capsys, monkeypatch):
+    import re
+
+    tiles = tmp_path / "tiles"
+    save_tile(small_tiles[0], tiles / "probe.safetensors")
+    argv = ["mutants", "--base", "torch-cpu", "--tiles", str(tiles), "--faults", "null,reassociate",
+            "--severity", "all", "--scales", "real,pow2"]
+    monkeypatch.setenv("ALIBI_PROGRESS", "lines")
+    assert main([*argv, "--quiet", "--out", str(tmp_path / "quiet")]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == ""
+    assert main([*argv, "--out", str(tmp_path / "loud")]) == 0
+    loud = capsys.readouterr()
+    err = loud.err.splitlines()
+    assert err[0].startswith("alibi mutants: torch-cpu on tiles in ") and len(err) == 5
+    counted = [re.fullmatch(r"\[(\d)/4\] (\S+) \[(real|pow2)\]: .* \(\d+\.\d s\)", line) for line in err[1:]]
+    assert [(m.group(1), m.group(3)) for m in counted] == [("1", "real"), ("2", "pow2"), ("3", "real"), ("4", "pow2")]
+    assert loud.out.replace(str(tmp_path / "loud"), "OUT") == quiet.out.replace(str(tmp_path / "quiet"), "OUT")
+    a, b = (DetectionMatrix.from_json((tmp_path / d / "detection.json").read_text()) for d in ("loud", "quiet"))
+    assert a.faults == b.faults and a.units == b.units and a.check_summary == b.check_summary
+    assert not re.search(r"^\[\d/4\]", (tmp_path / "loud" / "detection.md").read_text(), re.MULTILINE)
+
+
 @pytest.mark.parametrize("args,code,message", [
     (["--base", "torch-cpu", "--faults", "bit-flip"], 2, "unknown fault 'bit-flip'"),
     (["--base", "torch-cpu", "--severity", "150%"], 2, "out of range"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -34,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(args: argparse.Namespace):
-    return None if args.quiet else (lambda line: print(f"alibi {args.command}: {line}", file=sys.stderr, flush=True))
+    """Progress on stderr (alibi.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
+    from alibi.progress import progress
+
+    return progress(args.command, quiet=args.quiet, unit="stage")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,9 +65,8 @@ def overhead(args: argparse.Namespace) -> int:
         raise InputError(f"--window/--tokens out of range for {args.prompts} ({prompts.windows}×{prompts.tokens})")
     lm = load_model(args.model, args.kernel, args.device)
     ids = prompts.input_ids[args.window, :tokens].reshape(1, -1)
-    say = _progress(args)
-    if say:
-        say(f"timing {args.repeats} forwards of M={tokens} with and without capture (after one warm-up each)")
+    _progress(args).note(f"alibi {args.command}: timing {args.repeats} forwards of M={tokens} with and without "
+                         "capture (after one warm-up each)")
     result = capture_overhead(lm, ids, args.repeats)
     doc = {**asdict(result), "kernel": lm.kernel.name, "device": str(lm.device), "environment": environment_record()}
     print(f"forward M={result.tokens} with {lm.kernel.name}: {result.plain_s:.3f}s plain, {result.capture_s:.3f}s "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -29,9 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def prepare(args: argparse.Namespace) -> int:
     from alibi.model.prepare import prepare_model
+    from alibi.progress import progress
 
-    progress = None if args.quiet else (lambda line: print(f"alibi model prepare: {line}", file=sys.stderr, flush=True))
-    p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype, progress=progress)
+    p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype,
+                      progress=progress("model prepare", quiet=args.quiet, unit="stage"))
     print(f"bf16 checkpoint: {p.bf16}  (tensors {p.bf16_digests['weights'][:16]}…)")
     print(f"W8A8 checkpoint: {p.w8a8}  ({p.quantized_linears} quantized Linears, tensors {p.w8a8_digests['weights'][:16]}…)")
     print(f"tokenizer {p.w8a8_digests['tokenizer'][:16]}…; every file is pinned in each folder's manifest.json")

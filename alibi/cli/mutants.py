@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -43,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from alibi.mutants import (
         check_tiles,
         plan_rows,
-        progress_printer,
         run_matrix,
         write_matrix,
     )
+    from alibi.progress import progress
     from alibi.synthetic import synthetic_tiles
     from alibi.tile import load_tile_dir
 
@@ -72,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
         source = {"label": f"exposing set ({', '.join(EXPOSING_TILES)}; seed {args.seed})", "kind": "exposing",
                   "tiles": list(EXPOSING_TILES), "seed": args.seed, "n_tiles": len(tiles)}
     check_tiles(base, args.base, tiles)
-    if not args.quiet:
-        print(f"alibi mutants: {args.base} on {source['label']}, regimes {', '.join(regimes)}", file=sys.stderr)
+    say = progress("mutants", quiet=args.quiet, unit="row")
+    say.note(f"alibi mutants: {args.base} on {source['label']}, regimes {', '.join(regimes)}")
     matrix = run_matrix(base, args.base, tiles, source=source, faults=faults, severities=severities,
-                        regimes=regimes, native=args.native, progress=None if args.quiet else progress_printer())
+                        regimes=regimes, native=args.native, progress=say)
     inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
     predicate = build_predicate(inputs=inputs, seed=None if args.tiles is not None else args.seed,
                                 arms={"base": treatment_of(base, "base")},

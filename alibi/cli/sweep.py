@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 
@@ -87,10 +86,11 @@ def _count(text: str, option: str) -> int:
     return int(value)
 
 
-def _progress(args: argparse.Namespace, what: str):
-    if args.quiet:
-        return None
-    return lambda line: print(f"alibi sweep {what}: {line}", file=sys.stderr, flush=True)
+def _progress(args: argparse.Namespace, what: str, unit: str):
+    """Per-unit progress on stderr (alibi.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
+    from alibi.progress import progress
+
+    return progress(f"sweep {what}", quiet=args.quiet, unit=unit)
 
 
 def run_depth(args: argparse.Namespace) -> int:
@@ -105,11 +105,10 @@ def run_depth(args: argparse.Namespace) -> int:
     arms = resolve_pair(plan.kernel_a, plan.kernel_b, plan.format,
                         tensorwise_ok=(plan.fp8_scales or "tensor") == "tensor")
     device = home_device(arms, args.device)
-    say = _progress(args, "depth")
-    if say:
-        say(f"{arms[0].kernel.name} vs {arms[1].kernel.name}, {plan.format}, M={plan.M} N={plan.N}, "
-            f"K {','.join(map(str, plan.Ks))}, {plan.seeds} seeds{', nested prefixes' if plan.nested_prefix else ''}, "
-            f"operands and reference on {device}")
+    say = _progress(args, "depth", "seed")
+    say.note(f"alibi sweep depth: {arms[0].kernel.name} vs {arms[1].kernel.name}, {plan.format}, "
+             f"M={plan.M} N={plan.N}, K {','.join(map(str, plan.Ks))}, {plan.seeds} seeds"
+             f"{', nested prefixes' if plan.nested_prefix else ''}, operands and reference on {device}")
     sweep = run_depth_sweep(plan, arms, device, say)
     write_depth_folder(sweep, arms, args.out)
     tm = sweep.timing
@@ -140,10 +139,9 @@ def run_rows(args: argparse.Namespace) -> int:
     arms = resolve_pair(plan.kernel_a, plan.kernel_b, plan.format,
                         tensorwise_ok=(plan.fp8_scales or "tensor") == "tensor")
     device = home_device(arms, args.device)
-    say = _progress(args, "rows")
-    if say:
-        say(f"{arms[0].kernel.name} vs {arms[1].kernel.name}, {plan.format}, K={plan.K} N={plan.N}, "
-            f"M {','.join(map(str, plan.Ms))}, ≥ {plan.elements} elements per M, on {device}")
+    say = _progress(args, "rows", "M")
+    say.note(f"alibi sweep rows: {arms[0].kernel.name} vs {arms[1].kernel.name}, {plan.format}, "
+             f"K={plan.K} N={plan.N}, M {','.join(map(str, plan.Ms))}, ≥ {plan.elements} elements per M, on {device}")
     sweep = run_rows_sweep(plan, arms, device, say)
     write_rows_folder(sweep, arms, args.out)
     for p in sweep.points:

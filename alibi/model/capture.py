@@ -17,7 +17,7 @@ digests, the kernel and the environment.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -25,6 +25,7 @@ from typing import Self
 import torch
 
 from alibi.model.runner import LoadedModel, W8A8Linear
+from alibi.progress import ProgressCallback
 from alibi.tile import Tile, tile_bytes
 
 
@@ -138,15 +139,19 @@ def require_quantized(model_dir: str | Path) -> None:
                          "captured; pass a W8A8 checkpoint (e.g. OUT/w8a8 of `alibi model prepare`)")
 
 
+# The stages `capture_to_folder` reports: verify the inputs, load the model, run the prefill, write.
+CAPTURE_STAGES = 4
+
+
 def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str | Path, *, tokens: int | None = None,
                       window: int = 0, kernel: str = "torch-cpu", device: str | None = None,
-                      progress: Callable[[str], None] | None = None) -> CaptureResult:
+                      progress: ProgressCallback | None = None) -> CaptureResult:
     """Run one prefill of the first `tokens` tokens (default: all) of prompt window `window` and
     write every quantized Linear's operands as tiles, with a `capture` manifest, to `out` (atomically).
 
-    progress: called with one line per stage (with the seconds since the start)."""
-    import time
-
+    progress: called `(done, CAPTURE_STAGES, label)` after each stage (alibi.progress): verified,
+    loaded, ran the prefill, wrote; the label says what the stage did
+    (the progress line or bar adds the time since the start)."""
     from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.manifest import (
@@ -163,11 +168,13 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
     model_dir = Path(model_dir)
-    start = time.perf_counter()
+    done = 0
 
     def say(stage: str) -> None:
+        nonlocal done
+        done += 1
         if progress:
-            progress(f"{stage} ({time.perf_counter() - start:.1f} s)")
+            progress(done, CAPTURE_STAGES, stage)
 
     require_quantized(model_dir)
     prompts = load_prompt_set(prompts_dir)

@@ -13,8 +13,6 @@ complete.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from alibi.model.gguf_source import (
 )
 from alibi.model.tokenizer import tokenizer_files_from_gguf
 from alibi.numerics import dtype_name
+from alibi.progress import ProgressCallback
 
 BF16_DIR, W8A8_DIR = "bf16", "w8a8"
 
@@ -57,24 +56,32 @@ def _digest_params(digests) -> dict:
             "tokenizer_digest": digest_set(digests.tokenizer) if digests.tokenizer else None}
 
 
+# The stages `prepare_model` reports: verify the GGUF, dequantize, quantize, write both checkpoints.
+PREPARE_STAGES = 4
+
+
 def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
-                  scale_dtype: str = "bfloat16", progress: Callable[[str], None] | None = None) -> Prepared:
+                  scale_dtype: str = "bfloat16", progress: ProgressCallback | None = None) -> Prepared:
     """Convert the pinned model `name` (GGUF from its package, or `gguf`) into `out`/bf16 and `out`/w8a8.
 
     scale_dtype: the dtype the W8A8 checkpoint stores its weight scales in (`bfloat16` as
-    llm-compressor writes them for a bf16 model, or `float32`). progress: called with one line
-    per stage (with the seconds since the start).
+    llm-compressor writes them for a bf16 model, or `float32`). progress: called
+    `(done, PREPARE_STAGES, label)` after each stage (alibi.progress): verified, dequantized,
+    quantized, wrote; the label says what the stage did
+    (the progress line or bar adds the time since the start).
     """
     if scale_dtype not in SCALE_DTYPES:
         from alibi.errors import InputError
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
     atomic.refuse_overlap(out, {"--gguf": gguf}, what="the output folder")
     atomic.check_writable_dir(out)
-    start = time.perf_counter()
+    done = 0
 
     def say(stage: str) -> None:
+        nonlocal done
+        done += 1
         if progress:
-            progress(f"{stage} ({time.perf_counter() - start:.1f} s)")
+            progress(done, PREPARE_STAGES, stage)
 
     source, g = open_source(name, gguf)
     say(f"verified {source.filename} (sha256 {source.sha256[:16]}…)")

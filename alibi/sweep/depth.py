@@ -10,7 +10,7 @@ and the reference took (`SweepTiming`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -18,6 +18,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.limits import check_gemm_size
+from alibi.progress import ProgressCallback
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
 from alibi.sweep.compare import check_reference, compare, exact_product, scaled
@@ -122,8 +123,11 @@ def _both(arm_a: Arm, ops_a: Operands, arm_b: Arm, ops_b: Operands) -> None:
 
 
 def run_depth_sweep(plan: DepthPlan, arms: tuple[Arm, Arm], device: torch.device,
-                    progress: Callable[[str], None] | None = None) -> DepthSweep:
-    """Run the sweep of a validated `plan` with resolved `arms`; operands and reference on `device`."""
+                    progress: ProgressCallback | None = None) -> DepthSweep:
+    """Run the sweep of a validated `plan` with resolved `arms`; operands and reference on `device`.
+
+    progress: called `(done, total, label)` after each seed (alibi.progress), the label giving the
+    seed's range of the fraction differing over the K list."""
     arm_a, arm_b = arms
     devices = (device, arm_a.device, arm_b.device)
     seeds = tuple(range(plan.first_seed, plan.first_seed + plan.seeds))
@@ -154,8 +158,8 @@ def run_depth_sweep(plan: DepthPlan, arms: tuple[Arm, Arm], device: torch.device
                                        seconds_reference=sr))
             fracs.append(cmp.frac_differ)
         if progress:
-            progress(f"seed {i + 1}/{len(seeds)}: K {plan.Ks[0]}…{plan.Ks[-1]}, fraction differing "
-                     f"{min(fracs):.3g}…{max(fracs):.3g} ({time.perf_counter() - seed_start:.2f} s)")
+            progress(i + 1, len(seeds), f"seed {seed}: K {plan.Ks[0]}…{plan.Ks[-1]}, fraction differing "
+                     f"{min(fracs):.3g}…{max(fracs):.3g} in {time.perf_counter() - seed_start:.2f} s")
     return DepthSweep(
         kernel_a=arm_a.kernel.name, kernel_b=arm_b.kernel.name, format=plan.format,
         fp8_scales=(plan.fp8_scales or "tensor") if plan.format == "fp8_e4m3" else None, out_dtype="bfloat16",

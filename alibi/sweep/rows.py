@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from alibi.errors import InputError
 from alibi.limits import check_gemm_size
+from alibi.progress import ProgressCallback
 from alibi.stats.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
@@ -96,7 +96,10 @@ class RowsPlan:
 
 
 def run_rows_sweep(plan: RowsPlan, arms: tuple[Arm, Arm], device: torch.device,
-                   progress: Callable[[str], None] | None = None) -> RowsSweep:
+                   progress: ProgressCallback | None = None) -> RowsSweep:
+    """Run the sweep of a validated `plan` with resolved `arms`; operands on `device`.
+
+    progress: called `(done, total, label)` after each M (alibi.progress), the label giving its rate."""
     arm_a, arm_b = arms
     devices = (device, arm_a.device, arm_b.device)
     points = []
@@ -109,7 +112,7 @@ def run_rows_sweep(plan: RowsPlan, arms: tuple[Arm, Arm], device: torch.device,
             out[r:r + M] = arm.run(ops.rows(r, r + M))
         return out
 
-    for M in plan.Ms:
+    for j, M in enumerate(plan.Ms):
         point_start = time.perf_counter()
         R, n_blocks = plan.block_rows(M), plan.blocks(M)
         spec = OperandSpec(plan.format, R, plan.N, plan.fp8_scales or "tensor")
@@ -135,7 +138,7 @@ def run_rows_sweep(plan: RowsPlan, arms: tuple[Arm, Arm], device: torch.device,
                                 homogeneity(events, [R * plan.N] * n_blocks, seed=plan.seed), ge2, nonfinite,
                                 max_ulp, sa_total, sb_total))
         if progress:
-            progress(f"M={M}: {n_blocks * R // M} tiles, {rate.events} of {elements} elements differ "
+            progress(j + 1, len(plan.Ms), f"M={M}: {n_blocks * R // M} tiles, {rate.events} of {elements} elements differ "
                      f"({rate.rate * 1e6:.3g} ppm, {plan.confidence:.0%} CI {rate.low * 1e6:.3g}–{rate.high * 1e6:.3g}) "
                      f"in {time.perf_counter() - point_start:.1f} s")
     tm = clock.finish()

