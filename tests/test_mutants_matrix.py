@@ -182,3 +182,17 @@ def test_tiles_of_a_format_the_base_does_not_handle_are_refused(tmp_path, capsys
     assert main(["mutants", "--base", "torch-cpu", "--tiles", str(tmp_path / "fp8"), "--out", str(tmp_path / "m"),
                  "--quiet"]) == 2
     assert "these tiles are fp8_e4m3" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_mutants_refuses_an_out_folder_inside_its_tiles_and_changes_nothing(tmp_path, capsys):
+    """issue 16: every command refuses an output that overlaps an input."""
+    from alibi.cli import main
+    from alibi.synthetic import synthetic_tiles
+    from alibi.tile import save_tile
+
+    tiles = tmp_path / "tiles"
+    save_tile(synthetic_tiles("tiny")[0], tiles / "t.safetensors")
+    before = sorted(p.name for p in tiles.iterdir())
+    assert main(["mutants", "--base", "torch-cpu", "--tiles", str(tiles), "--out", str(tiles / "m")]) == 2
+    assert "overlaps --tiles" in capsys.readouterr().err
+    assert sorted(p.name for p in tiles.iterdir()) == before

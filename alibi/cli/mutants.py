@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     plan_rows(base, args.base, faults, severities, args.native)  # every name and severity checked up front
     base.require_available()
     atomic.check_writable_dir(args.out)
+    atomic.refuse_overlap(args.out, {"--tiles": args.tiles}, what="the matrix folder")
     if args.tiles is not None:
         tiles = load_tile_dir(args.tiles)
         source = {"label": f"tiles in {args.tiles}", "kind": "tiles", "path": str(args.tiles), "n_tiles": len(tiles)}
