@@ -1,7 +1,7 @@
 """Kernel registry: built-in kernels (imported lazily) plus the `alibi.kernels` entry-point group.
 
 Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
-`torch-cpu`, `triton`, the GPU kernels registered below, and the positive controls
+`torch-cpu`, `triton`, `triton:w_then_a+fma`, the GPU kernels registered below, and the positive controls
 `mutant:<fault>[@<severity>]:<base>` (any int8 base; see `alibi.kernels.mutants`). A third-party
 package registers its own kernel under the entry-point group `alibi.kernels`
 (`name = "pkg.module:KernelClass"`); the object loaded must be a zero-argument callable returning a
@@ -22,6 +22,7 @@ from alibi.kernels.base import Kernel, KernelOutput
 _BUILTIN: dict[str, str] = {
     "torch-cpu": "alibi.kernels.cpu:TorchCpuKernel",
     "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
+    "triton:w_then_a+fma": "alibi.kernels.triton_int8:TritonInt8WThenAFmaKernel",
     "triton-fp8": "alibi.kernels.triton_fp8:TritonFp8Kernel",
     "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
     "mutant:truncate-cast:triton-native": "alibi.kernels.mutants:native_truncate_cast",

@@ -50,6 +50,12 @@ toward zero (for bfloat16, what a plain `.to(tl.bfloat16)` computes under the in
 `a_then_w + add_after_cast` all the same, so the epilogue-model conformance check must catch it: its outputs
 differ from the model by one ulp on some elements (without a bias, never by more).
 
+`triton:w_then_a+fma` is the same main loop with vLLM's CUTLASS epilogue (`w_then_a + fma`), a separate
+kernel `w_then_a_fma_scaled_mm_kernel` selected by `launch(..., epilogue=W_THEN_A_FMA)`: t = RN32(s_w ·
+float(acc)), then RN32(s_a · t + bias) with one rounding (`fused_multiply_add_f32`, exact in fp64 with
+round-to-odd, because the interpreter's `tl.fma` rounds twice), or RN32(s_a · t) without a bias; then the
+same output cast.
+
 Native fault variants (positive controls, `alibi.kernels.mutants`) are constexpr switches of a second
 kernel, `faulty_scaled_mm_kernel`, so `scaled_mm_kernel` itself stays exactly as described above:
 
@@ -88,7 +94,7 @@ except ImportError as exc:  # no wheel for this platform: the module still impor
     triton = SimpleNamespace(jit=lambda fn: fn, __version__=None)  # kernels below are then never launched
     tl = SimpleNamespace(constexpr=object)
 
-from alibi.emulator import VLLM_TRITON
+from alibi.emulator import VLLM_TRITON, EpilogueModel
 from alibi.errors import InputError
 from alibi.kernels.base import Kernel
 
@@ -362,7 +368,107 @@ def faulty_scaled_mm_kernel(
         tl.store(out_ptrs, c, mask=out_mask)
 
 
+# --- the selectable epilogue: vLLM's CUTLASS order, `w_then_a + fma` -----------------------------
+
+@triton.jit
+def fused_multiply_add_f32(x, y, z):
+    """RN32(x·y + z) with one rounding, for fp32 `x`, `y`, `z`, identically on the GPU and the interpreter.
+
+    Not `tl.fma`: the interpreter evaluates it as numpy `x * y + z` in fp32, two roundings (triton
+    3.7, `interpreter.create_fma`), so it is no FMA there. Instead, in fp64: `p = x·y` is exact
+    (24 + 24 ≤ 53 significant bits); `s = RN64(p + z)` and its error `e` (TwoSum, exact) give the
+    exact sum `s + e`; when `e ≠ 0` and `s` has an even last bit, `s` steps one fp64 ulp toward `e`,
+    which is `s` rounded to odd. Rounding to odd in 53 bits, then to nearest even in fp32's 24
+    (fewer for subnormals), equals one rounding to nearest even (Boldo & Melquiond 2008: needs
+    53 ≥ 24 + 2), and the final fp64 → fp32 conversion is RNE on both back ends (numpy `astype`,
+    `cvt.rn.f32.f64`). fp64 cannot overflow or go subnormal here, so no step is lost; a
+    contraction of `p` into an fp64 FMA by the GPU compiler changes nothing because `p` is exact.
+    Inf/NaN inputs skip the correction (their `e` is NaN) and keep IEEE's inf/NaN result.
+    """
+    xd = x.to(tl.float64)
+    yd = y.to(tl.float64)
+    zd = z.to(tl.float64)
+    p = xd * yd
+    s = p + zd
+    bv = s - p
+    err = (p - (s - bv)) + (zd - bv)
+    sb = s.to(tl.int64, bitcast=True)
+    eb = err.to(tl.int64, bitcast=True)
+    exp_mask = 0x7FF0000000000000
+    finite = ((sb & exp_mask) != exp_mask) & ((eb & exp_mask) != exp_mask)
+    sticky = (err != 0.0) & finite & ((sb & 1) == 0)
+    beyond = (sb < 0) == (eb < 0)  # the exact sum lies farther from zero than s
+    sb = tl.where(sticky, tl.where(beyond, sb + 1, sb - 1), sb)
+    return sb.to(tl.float64, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def w_then_a_fma_scaled_mm_kernel(
+    a_ptr, w_ptr, s_a_ptr, s_w_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_wn, stride_wk, stride_om, stride_on,
+    stride_sa, stride_sw,
+    ACC_DTYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    TRUNCATE: tl.constexpr,
+    STORE_ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """`scaled_mm_kernel` (same arguments, same tiling and int32 main loop) with vLLM's CUTLASS epilogue.
+
+    t = RN32(s_w · float(acc)); y = RN32(s_a · t + bias) in one rounding with a bias, else
+    RN32(s_a · t); then the same nearest-even output cast. A separate kernel so that the `triton`
+    kernel's code is untouched.
+    """
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
+    for k in range((K + BLOCK_K - 1) // BLOCK_K):
+        mask_k = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if STORE_ACC:
+        tl.store(out_ptrs, acc, mask=out_mask)
+    else:
+        s_a = tl.load(s_a_ptr + offs_m * stride_sa, mask=mask_m, other=1.0)
+        s_w = tl.load(s_w_ptr + offs_n * stride_sw, mask=mask_n, other=1.0)
+        t = s_w[None, :] * acc.to(tl.float32)   # RN32(s_w · float(acc)): weight scale first
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)
+            y = fused_multiply_add_f32(s_a[:, None], t, bias[None, :])  # one rounding (broadcast in fp64)
+        else:
+            y = s_a[:, None] * t                 # RN32(s_a · t)
+        tl.store(out_ptrs, round_to_output_bits(y, OUT_BF16, TRUNCATE), mask=out_mask)
+
+
 # --- the launcher -------------------------------------------------------------------------------
+
+# The epilogues `launch` can select, each with its kernel (same arguments, same main loop).
+W_THEN_A_FMA = EpilogueModel("w_then_a", "fma")
+EPILOGUE_KERNELS = {VLLM_TRITON: scaled_mm_kernel, W_THEN_A_FMA: w_then_a_fma_scaled_mm_kernel}
+
 
 def interpreted() -> bool:
     """True when this process runs the kernel under the Triton interpreter (decided at import)."""
@@ -383,13 +489,18 @@ def _scale_stride(scale: torch.Tensor, rows: int, label: str) -> int:
 def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: torch.Tensor | None,
            bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, *,
            truncate: bool = False, store_acc: bool = False, fp32_acc: bool = False, split_k: int = 1,
-           scale_bf16: bool = False) -> tuple[torch.Tensor, BlockConfig]:
+           scale_bf16: bool = False, epilogue: EpilogueModel = VLLM_TRITON) -> tuple[torch.Tensor, BlockConfig]:
     """Run `scaled_mm_kernel` on A [M,K] and W [N,K] (int8, or fp8 e4m3); returns (result, tiling).
 
     The result is the `out_dtype` [M,N] output, or with `store_acc` the raw accumulator (int32 for
     int8 operands, fp32 for fp8), for which the scales, bias and out_dtype are ignored.
     `fp32_acc`, `split_k` > 1 and `scale_bf16` select the native fault variants (int8 operands only).
+    `epilogue` selects the epilogue: `a_then_w+add_after_cast` (vLLM's Triton, `scaled_mm_kernel`,
+    the default) or `w_then_a+fma` (vLLM's CUTLASS, `w_then_a_fma_scaled_mm_kernel`; int8 only).
     """
+    if epilogue not in EPILOGUE_KERNELS:
+        raise InputError(f"the triton kernel has no epilogue {epilogue.name!r}; choose one of "
+                         f"{', '.join(m.name for m in EPILOGUE_KERNELS)}")
     if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
         raise InputError(f"operands must be A [M,K] and W [N,K]; got {list(a_q.shape)} and {list(w_q.shape)}")
     if a_q.dtype != w_q.dtype or a_q.dtype not in (torch.int8, torch.float8_e4m3fn):
@@ -402,6 +513,8 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
     if (fp32_acc or split_k != 1 or scale_bf16) and (not is_int8 or split_k < 1 or (fp32_acc and split_k != 1)):
         raise InputError(f"fault variants need int8 operands and one of fp32_acc or split_k ≥ 2; got "
                          f"{a_q.dtype}, fp32_acc={fp32_acc}, split_k={split_k}")
+    if epilogue != VLLM_TRITON and (not is_int8 or truncate or fp32_acc or split_k != 1 or scale_bf16):
+        raise InputError(f"epilogue {epilogue.name} is for int8 operands without fault switches; got {a_q.dtype}")
     device = a_q.device
     cfg = block_config(M, N, _capability(device))
     if store_acc:
@@ -426,7 +539,7 @@ def launch(a_q: torch.Tensor, s_a: torch.Tensor | None, w_q: torch.Tensor, s_w: 
     # Under the interpreter numpy warns when a multiply or cast overflows to inf; inf is the IEEE
     # result the GPU gives silently, so those warnings are muted for the launch.
     quiet = np.errstate(over="ignore", invalid="ignore") if interpreted() else contextlib.nullcontext()
-    kernel = faulty_scaled_mm_kernel if faults else scaled_mm_kernel
+    kernel = faulty_scaled_mm_kernel if faults else EPILOGUE_KERNELS[epilogue]
     if faults:
         faults = {"FP32_ACC": False, "SPLIT_K": 1, "SCALE_BF16": False, **faults}
     with quiet:
@@ -502,6 +615,24 @@ class TritonInt8Kernel(TritonScaledMmKernel):
     name = "triton"
     formats = ("int8",)
     description = "Triton int8 scaled-mm (int32 tl.dot, vLLM Triton epilogue: a_then_w, bias after the cast)"
+
+
+class TritonInt8WThenAFmaKernel(TritonInt8Kernel):
+    """`triton:w_then_a+fma`: the `triton` kernel with vLLM's CUTLASS epilogue, for bitwise agreement with it.
+
+    Same tiling and exact int32 accumulator; the epilogue is `w_then_a_fma_scaled_mm_kernel`'s
+    (weight scale first, bias fused into the activation-scale multiply with one rounding).
+    """
+
+    name = "triton:w_then_a+fma"
+    epilogue = W_THEN_A_FMA
+    description = ("Triton int8 scaled-mm with vLLM's CUTLASS epilogue (int32 tl.dot, w_then_a, "
+                   "bias by an exact fused multiply-add)")
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        self._check_operands(a_q, w_q)
+        out, self.last_config = launch(a_q, s_a, w_q, s_w, bias, out_dtype, epilogue=self.epilogue)
+        return out
 
 
 class TruncatingTritonKernel(TritonInt8Kernel):
