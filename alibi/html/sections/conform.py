@@ -24,6 +24,7 @@ from typing import Any
 from alibi.errors import InputError
 from alibi.html import figures
 from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
+from alibi.report import RegimeTotals
 from alibi.html.sections import Section
 
 SCHEMA = "alibi.conform/v1"
@@ -203,16 +204,6 @@ class Unit:
                    r.get("n_differing", int), r.get("max_ulp", int, optional=True), r.get("bitwise_equal", bool),
                    r.get("max_abs_acc", int, optional=True), r.get("headroom_bits", (int, float), optional=True),
                    r.get("prediction", str, optional=True), tuple(verdicts), over, count, cap, tuple(elements))
-
-
-@dataclass(frozen=True)
-class RegimeTotals:
-    regime: str
-    tiles: int
-    equal_tiles: int
-    elements: int
-    differing: int
-    max_ulp: int | None
 
 
 @dataclass(frozen=True)
