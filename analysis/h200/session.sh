@@ -11,7 +11,10 @@
 #   stash     only keeps the GGUF part it carries (calls must follow within ~30 s to keep /tmp)
 #   explore   tokens.sh's exploratory parts (prefill vs decode, replay throughput)
 #   vllm-unpack, vllm   analysis/h200/vllm.sh in its two-call form: the first call carries
-#             gpu_payload/vllm and only decompresses it, the next runs it (see that script)
+#             gpu_payload/vllm (or the first part of its .xz) and only keeps or decompresses it, the
+#             next runs it (see that script), on the capture `e2e` left in /tmp when it is there
+#   before    the old pipeline's conformance throughput (issue 12's "before" row)
+#   e2e       (part ac) prepare, capture, triton:w_then_a+fma vs cutlass on the capture and end to end
 #
 # The code that runs is not the working tree that travels but `gpu_payload/src.tar.gz`, a
 # `git archive` of one commit (analysis/h200/pack_source.sh), unpacked into /tmp/src: so every
@@ -44,10 +47,32 @@ case $STAGE in
     prepare_model || exit 1
     PARTS="pvd bench" BUDGET_S=${BUDGET_S:-300} bash analysis/h200/tokens.sh "$W/model/w8a8" \
       "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens-exploratory ;;
-  vllm-unpack)  # carries gpu_payload/vllm (56 MB) alone: decompress the op library into /tmp
+  vllm-unpack)  # carries gpu_payload/vllm (56 MB) alone, or one part of its .xz: keep/decompress it in /tmp
     bash analysis/h200/vllm.sh --unpack ;;
-  vllm)
-    bash analysis/h200/vllm.sh ;;
+  vllm)  # with the SmolLM2 capture of an earlier `e2e` call when it is still in /tmp
+    bash analysis/h200/vllm.sh "$W/capture" ;;
+  before)  # (GGUF part aa) the old pipeline's conformance throughput on the Qwen3-1.7B preset at M = 512
+    stash_gguf_part
+    python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --preset qwen3-1.7b --rows 512 \
+      --repeats 3 --out "$OUT/throughput-qwen3-1.7b-m512.json" ;;
+  e2e)  # (GGUF part ac) prepare, capture SmolLM2 W8A8 at M = 512 (kept in /tmp for `vllm`), the old
+        # pipeline's throughput on the capture, triton:w_then_a+fma against cutlass on the capture and
+        # end to end (teacher-forced and greedy, real-scale checkpoint)
+    prepare_model || exit 1
+    rm -rf "$W/capture"
+    python -m alibi capture --model "$W/model/w8a8" --prompts experiments/prompts/wikipedia-8x512 --tokens 512 \
+      --kernel triton --quiet --out "$W/capture" > "$OUT/capture.txt" 2>&1 || { cat "$OUT/capture.txt"; exit 1; }
+    stamp "capture: $(ls "$W/capture" | grep -c safetensors) tiles"
+    python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --tiles "$W/capture" --repeats 1 \
+      --out "$OUT/throughput-smollm2-capture.json"
+    stamp "throughput on the capture"
+    mkdir -p "$OUT/fma"
+    python -m alibi conform --kernel-a triton:w_then_a+fma --kernel-b cutlass --tiles "$W/capture" --no-invariance \
+      --quiet --out "$OUT/fma/conform-capture-triton-w_then_a+fma-vs-cutlass" > "$OUT/fma/conform-capture.txt" 2>&1
+    stamp "conform triton:w_then_a+fma vs cutlass on the capture rc=$?"; tail -8 "$OUT/fma/conform-capture.txt"
+    KERNEL_A=cutlass KERNEL_B=triton:w_then_a+fma CHECKPOINTS=real PARTS="tf greedy" BUDGET_S=${BUDGET_S:-300} \
+      bash analysis/h200/tokens.sh "$W/model/w8a8" "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 fma-tokens
+    tar -C "$OUT" -czf "$OUT/fma.tgz" fma && rm -rf "$OUT/fma" ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 stamp "stage $STAGE done"

@@ -36,6 +36,7 @@ KA=${KERNEL_A:-cutlass} KB=${KERNEL_B:-triton}
 N=${WINDOWS:-64} T=${CONTEXT:-256} P=${POSITIONS:-256}
 GT=${PROMPT_TOKENS:-128} GN=${NEW_TOKENS:-64} GB=${BATCH_SIZE:-64}
 PN=${PVD_WINDOWS:-4} PP=${PVD_POSITIONS:-64} BN=${BENCH_WINDOWS:-16}
+CKPTS=${CHECKPOINTS:-real pow2}  # which checkpoints the tf, greedy and pvd parts run on
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=$OUT/$SUB
 mkdir -p "$R"
@@ -58,18 +59,18 @@ step() {  # step NAME ESTIMATE_S TIMEOUT_S COMMAND...: run if it fits, log to $R
   git rev-parse HEAD 2>/dev/null || cat SOURCE_COMMIT 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 
-for ck in real pow2; do
+for ck in $CKPTS; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
   want tf && step "tf-$ck" 90 240 python -m alibi replay teacher-forced --model "$dir" --prompts "$PROMPTS" \
     --kernel-a "$KA" --kernel-b "$KB" --windows $N --context $T --positions $P --out "$R/tf-$ck"
 done
-for ck in real pow2; do
+for ck in $CKPTS; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
   want greedy && step "greedy-$ck" 60 180 python -m alibi replay greedy --model "$dir" --prompts "$PROMPTS" \
     --kernel-a "$KA" --kernel-b "$KB" --windows $N --prompt-tokens $GT --new-tokens $GN --batch-size $GB \
     --out "$R/greedy-$ck"
 done
-for ck in real pow2; do
+for ck in $CKPTS; do
   dir=$MODEL; [ $ck = pow2 ] && dir=$POW2
   for arm in a b; do
     k=$KA; [ $arm = b ] && k=$KB

@@ -49,8 +49,20 @@ LIB=$W/_C_stable_libtorch.abi3.so
 want_lib=$(grep '_C_stable_libtorch.abi3.so$' "$P/SHA256SUMS" | cut -d' ' -f1)
 want_triton=$(grep 'triton_scaled_mm.py$' "$P/SHA256SUMS" | cut -d' ' -f1)
 have_lib() { [ -f "$LIB" ] && [ "$(sha256sum "$LIB" | cut -d' ' -f1)" = "$want_lib" ]; }
+# The .xz travels whole, or (when the checkout is too big for both in one call) as VLLM_XZ_PARTS
+# pieces `_C_stable_libtorch.abi3.so.xz.part-a?` (split -n 2), one per call: each call keeps the
+# pieces it carries in $W, and the call that completes the set decompresses them.
+XZ=_C_stable_libtorch.abi3.so.xz
+for f in "$P/$XZ".part-*; do [ -f "$f" ] && cp "$f" "$W/" && echo "kept $(basename "$f") in $W"; done
 if ! have_lib; then
-  xz -T0 -dc "$P/_C_stable_libtorch.abi3.so.xz" > "$LIB.part" && mv "$LIB.part" "$LIB"
+  if [ -f "$P/$XZ" ]; then
+    xz -T0 -dc "$P/$XZ" > "$LIB.part" && mv "$LIB.part" "$LIB"
+  elif [ "$(ls "$W/$XZ".part-* 2>/dev/null | wc -l)" -eq "${VLLM_XZ_PARTS:-2}" ]; then
+    cat "$W/$XZ".part-* | xz -T0 -dc > "$LIB.part" && mv "$LIB.part" "$LIB"
+  elif [ "$CAPTURE" = "--unpack" ]; then
+    echo "vllm.sh: $(ls "$W/$XZ".part-* 2>/dev/null | wc -l) of ${VLLM_XZ_PARTS:-2} parts of $XZ in $W; the next call brings the rest"
+    rm -rf "$R"; exit 0
+  fi
 fi
 have_lib || { echo "vllm.sh: $LIB does not match $P/SHA256SUMS ($want_lib); re-run vllm_payload.sh"; exit 3; }
 cp "$P/triton_scaled_mm.py" "$W/triton_scaled_mm.py"
@@ -116,6 +128,7 @@ identify() {  # identify NAME KERNEL SOURCE-ARGS...: the JSON candidates go to i
 identify vllm-cutlass vllm-cutlass --tiles "$W/probes"
 identify vllm-triton vllm-triton --tiles "$W/probes"
 identify vllm-triton-epilogue-probe-bias vllm-triton --synthetic epilogue-probe-bias
+identify triton-w_then_a+fma triton:w_then_a+fma --tiles "$W/probes"
 python -m alibi manifest write "$R/identify" --kind identify --input "tiles=$W/probes" > /dev/null 2>&1 || echo "identify manifest failed"
 
 # --- conform -----------------------------------------------------------------------------------------
@@ -126,25 +139,28 @@ conform() {  # conform NAME A B SOURCE-ARGS...
 conform cutlass-vs-vllm-cutlass cutlass vllm-cutlass --tiles "$W/int8"
 conform triton-vs-vllm-triton triton vllm-triton --tiles "$W/int8"
 conform vllm-cutlass-vs-vllm-triton vllm-cutlass vllm-triton --tiles "$W/int8"
+conform triton-w_then_a+fma-vs-vllm-cutlass triton:w_then_a+fma vllm-cutlass --tiles "$W/int8"
+conform triton-w_then_a+fma-vs-cutlass triton:w_then_a+fma cutlass --tiles "$W/int8"
 conform cutlass-fp8-vs-vllm-cutlass-fp8 cutlass-fp8 vllm-cutlass-fp8 --tiles "$W/fp8" --scales real
 if [ -n "$CAPTURE" ] && [ -d "$CAPTURE" ]; then
   conform capture-cutlass-vs-vllm-cutlass cutlass vllm-cutlass --tiles "$CAPTURE" --no-invariance
   conform capture-triton-vs-vllm-triton triton vllm-triton --tiles "$CAPTURE" --no-invariance
   conform capture-vllm-cutlass-vs-vllm-triton vllm-cutlass vllm-triton --tiles "$CAPTURE" --no-invariance
+  conform capture-triton-w_then_a+fma-vs-vllm-cutlass triton:w_then_a+fma vllm-cutlass --tiles "$CAPTURE" --no-invariance
 else
   echo "no capture folder given: the SmolLM2 capture comparisons are skipped" | tee "$R/capture-skipped.txt"
 fi
 
 # --- bench: all int8 kernels, both fp8 CUTLASS kernels ---------------------------------------------
 mkdir -p "$R/bench"
-step bench 300 python -m alibi bench --int8 cutlass,cutlass-sm80,triton,cublas,vllm-cutlass,vllm-triton \
+step bench 300 python -m alibi bench --int8 cutlass,cutlass-sm80,triton,triton:w_then_a+fma,cublas,vllm-cutlass,vllm-triton \
   --fp8 cutlass-fp8,vllm-cutlass-fp8 --shape 1,4096,4096 --shape 16,4096,4096 --shape 128,4096,4096 \
   --shape 512,4096,4096 --shape 4096,4096,4096 --rep-ms 40 --out "$R/bench/bench.json"
 python -m alibi manifest write "$R/bench" --kind bench > /dev/null 2>&1 || echo "bench manifest failed"
 
 # --- the GPU tests -----------------------------------------------------------------------------------
 mkdir -p "$R/pytest"
-step pytest-gpu 300 python -m pytest -q -m gpu tests/kernels/test_vllm.py --junitxml "$R/pytest/junit.xml" -p no:cacheprovider
+step pytest-gpu 300 python -m pytest -q -m gpu tests/kernels/test_vllm.py tests/kernels/test_triton_w_then_a_fma.py tests/kernels/test_cutlass_gpu.py --junitxml "$R/pytest/junit.xml" -p no:cacheprovider
 cp "$R/pytest-gpu.txt" "$R/pytest/pytest.txt"
 python -m alibi manifest write "$R/pytest" --kind test-run > /dev/null 2>&1 || echo "pytest manifest failed"
 
@@ -172,8 +188,9 @@ print((R / "steps.txt").read_text().rstrip())
 print("\n== identify (model matching every output bit of every tile) ==")
 for kernel, f in (("vllm-cutlass  [out-bias probes bf16+fp16]", "vllm-cutlass.json"),
                   ("vllm-triton   [out-bias probes bf16+fp16]", "vllm-triton.json"),
-                  ("vllm-triton   [epilogue-probe-bias, fp32 bias]", "vllm-triton-epilogue-probe-bias.json")):
-    # declared: vllm-cutlass w_then_a+fma, vllm-triton a_then_w+add_after_cast
+                  ("vllm-triton   [epilogue-probe-bias, fp32 bias]", "vllm-triton-epilogue-probe-bias.json"),
+                  ("triton:w_then_a+fma [out-bias probes bf16+fp16]", "triton-w_then_a+fma.json")):
+    # declared: vllm-cutlass and triton:w_then_a+fma w_then_a+fma, vllm-triton a_then_w+add_after_cast
     try:
         found = json.loads((R / "identify" / f).read_text())
         match = [c["model"] for c in found if c["matches"]]
