@@ -13,6 +13,11 @@ the names of the hidden staging entries beside it are copied to `SNAPSHOTS/<k>/`
 judge. The loop ends with the first child that completes without reaching its kill point.
 
     python tests/kill_harness.py SPEC.json      # {"argv", "out", "old" (path or null), "snapshots", "cwd"}
+
+With `"keep_stages": true` the staging entries themselves are copied to `SNAPSHOTS/<k>/stages/` too
+(a killed process's stage keeps its dead pid in its name), so a test can put the whole killed state
+back and check that the next run removes them: the harness itself clears them before each child,
+so a re-run after the harness alone would find nothing to remove.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def _reset(out: Path, old: Path | None) -> None:
         (shutil.copytree if old.is_dir() else shutil.copy2)(old, out)
 
 
-def _snapshot(out: Path, into: Path) -> None:
+def _snapshot(out: Path, into: Path, keep_stages: bool = False) -> None:
     into.mkdir(parents=True)
     if out.is_dir():
         shutil.copytree(out, into / "out")
@@ -45,6 +50,11 @@ def _snapshot(out: Path, into: Path) -> None:
         shutil.copy2(out, into / "out")
     stages = sorted(p.name for p in out.parent.glob(f".{out.name}.*"))
     (into / "stages.json").write_text(json.dumps(stages))
+    if keep_stages:  # the stages themselves, so a test can restore the whole killed state and run again
+        (into / "stages").mkdir()
+        for name in stages:
+            src = out.parent / name
+            (shutil.copytree if src.is_dir() and not src.is_symlink() else shutil.copy2)(src, into / "stages" / name)
 
 
 def _child(argv: list[str], kill_at: int) -> None:
@@ -89,7 +99,7 @@ def main() -> int:
             _child(spec["argv"], kill_at)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        _snapshot(out, snapshots / str(kill_at))
+        _snapshot(out, snapshots / str(kill_at), spec.get("keep_stages", False))
         results[kill_at] = code
         if code != KILLED:
             break
