@@ -1,0 +1,504 @@
+"""Every issue-16 hardening test fails on the code before its fix, and passes at HEAD.
+
+Issue 16 asks that "each case above has a test that fails before the fix". This script checks it
+for every test that the issue-16 commits added or changed, by running HEAD's tests against old code:
+
+1. For each declared fix (`FIXES`: the commit that added or changed the tests, and the commit whose
+   code is "before the fix" — the test commit's parent when fix and test came together, the fix
+   commit's parent when a later commit only added the test), the tests are found from git itself:
+   every `test_*` function of a `tests/**/test_*.py` file the commit touched whose source text
+   differs from the parent's (new, or rewritten), and that still exists under that name at HEAD.
+2. The old code is checked out into a temporary `git worktree`; its `tests/` folder is replaced by
+   HEAD's (the test files and the helpers they import: the tests are the instrument, only the code
+   is old). A fix that changed no code (a test that reaches a branch nothing reached before) has no
+   "before": its entry names a *mutation* instead — one exact text replacement in HEAD's code that
+   breaks the property the test claims — and the test must fail on the mutated code.
+3. pytest runs only those test ids there (`-q -p no:cacheprovider`, junit XML for per-case outcomes;
+   not `-x`, which would hide every outcome after the first expected failure), once per distinct
+   old code, and once more on a clean worktree of HEAD.
+
+A test that passes on the old code cannot fail for the reason it claims: the table lists it as
+`cannot fail`. One that fails only because HEAD's test file does not import on the old code
+(`collect-error`: the fix added the module the test imports) is listed apart, since that failure
+shows the module was missing, not that the test would catch the bug.
+
+    python analysis/hardening_regressions.py [--out analysis/results/hardening-regressions.json]
+                                             [--only COMMIT ...] [--timeout 900]
+
+Writes the `HardeningRegressions` record (schema below, docs/hardening.md) and prints a table.
+Needs a git checkout; the main working tree is not touched (worktrees live under a temporary folder
+and are removed, also on failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = "alibi.hardening-regressions/1"
+DEFAULT_OUT = REPO / "analysis" / "results" / "hardening-regressions.json"
+# pytest's address space: a test of an unbounded allocation that runs in-process on old code must
+# hit MemoryError, not the shared 24 GiB machine. 12 GiB leaves torch, triton and a real SmolLM2
+# conversion (≈ 1 GiB resident) room.
+ADDRESS_SPACE = 12 * 2**30
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One exact replacement in HEAD's code: `path` (repo-relative), `old` (must occur exactly once)
+    and `new`; `why` says which property it breaks."""
+
+    path: str
+    old: str
+    new: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One issue-16 fix and its tests.
+
+    commit: the commit that added or changed the tests (their names are read from its diff); None:
+    only the ids in `tests`, recorded under the commit that added their file.
+    item: the issue-16 case it closes, in a few words.
+    before: the commit whose code is "before the fix" (default `commit^`: fix and test together).
+    only / exclude: restrict the commit's tests by function name (one commit's tests can guard
+    fixes of different commits).
+    mutations: for a test of a branch that was right all along (no code changed): run HEAD's code
+    with these replacements instead of old code.
+    tests: test ids given by hand, added to the discovered ones (e.g. a test strengthened later).
+    """
+
+    commit: str | None
+    item: str
+    before: str | None = None
+    only: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    mutations: tuple[Mutation, ...] = ()
+    tests: tuple[str, ...] = ()
+
+
+_RUN_KILL = "test_alibi_run_killed_at_any_write_resumes_to_the_bytes_of_an_uninterrupted_run"
+_CONFORM = "test_conform_killed_at_any_write_leaves_the_old_report_or_the_complete_new_one"
+_KILL3 = "tests/cli/test_kill_prepare_predict_eval.py"
+_PREPARE = "test_model_prepare_killed_at_any_write_leaves_the_old_checkpoints_or_the_complete_new_ones"
+_PREDICT = "test_predict_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new_one_and_no_partial"
+_EVAL = "test_eval_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new_one_and_no_partial"
+
+FIXES: tuple[Fix, ...] = (
+    Fix("62dffba", "hostile tiles: header-only read, element budget, one seed rule, bounded JSON/YAML"),
+    Fix("107ca56", "source.synthetic.rows over the element budget", before="62dffba^"),
+    Fix("85bd370", "shard-index entries outside the folder (silent partial pow2 rewrite), index values, "
+                   "config types and sizes"),
+    Fix("c23652f", "manifest provenance: the commit whose tree has a result's source digest"),
+    Fix("ac1c284", "safe outputs: overlaps, files over folders, /proc, stale stages, atomic swap, staged "
+                   "reports, format check, dirty tree, bounded records, cpu_isa, last resort, build lock"),
+    Fix("50a9dd4", "conform reports and manifests record the CPU model and ISA", before="ac1c284^"),
+    Fix("d23cfee", "kill tests: staged commits of every writing command", before="ac1c284^", exclude=(_RUN_KILL,)),
+    Fix("d23cfee", "kill test: alibi run's folder appears with experiment.yaml and run.json", only=(_RUN_KILL,)),
+    Fix("8d17c1b", "fma_f32: FLT_MAX at the fp32 overflow tie"),
+    Fix("eedf167", "criteria: analysis YAML through the safe loader, results through bounded JSON"),
+    Fix("5b75e18", "analyze depth: one overlap rule for --out"),
+    Fix("face5ed", "the GGUF cross-check runs (gguf in the test extra)"),
+    Fix("ba182d1", "last-resort line keeps an OSError's message without strerror"),
+    Fix("1c1e8bc", "tile names escaped in report.md; identity contract on a subject that is not a list"),
+    Fix("eea5db8", "eval --out naming a folder or an input, refused before the model loads"),
+    Fix("539bd1b", "mutants --out overlapping --tiles"),
+    Fix("a9af34f", "bench: padding-free baseline, eager and graph, L2-cold, interleaved repeats with spread"),
+    Fix("f3f0087", "bench CLI: --repeats and --l2 warm,cold"),
+    Fix("e12b27b", "GPU tests that could not fail (fp8 bound on sm_90, CUTLASS fused bias)"),
+    # 7278b43 changed no code: its tests reach branches that were right all along, or replace tests
+    # that compared a function with itself. Each is held against a mutation of HEAD's code instead.
+    Fix("7278b43", "check 2's 16384 int32 bound", before="HEAD",
+        only=("test_check_2_uses_the_16384_bound_exactly_when_both_operands_contain_minus_128",),
+        mutations=(Mutation("alibi/emulator.py", "return 128 * 128 if (a_min and w_min) else 128 * 127",
+                            "return 128 * 127", "the bound ignores −128 in both operands"),)),
+    Fix("7278b43", "check 3 at max|acc| exactly 2^24", before="HEAD",
+        only=("test_check_3_passes_at_max_acc_exactly_2_to_the_24_and_fires_one_above",),
+        mutations=(Mutation("alibi/emulator.py", "lossless = max_abs <= FP32_EXACT_LIMIT",
+                            "lossless = max_abs < FP32_EXACT_LIMIT", "2^24 itself counted as lossy"),)),
+    Fix("7278b43", "pow2 identity excludes overflowing results", before="HEAD",
+        only=("test_pow2_identity_excludes_overflowing_results_where_the_orders_really_differ",),
+        mutations=(Mutation("alibi/checks.py", "if reference_fp32 is None else _normal_range_mask(reference_fp32)",
+                            "if True else _normal_range_mask(reference_fp32)", "nothing excluded"),)),
+    Fix("7278b43", "real-scale tolerance with no finite pair", before="HEAD",
+        only=("test_real_scale_tolerance_without_a_finite_pair_is_inapplicable_unless_the_non_finite_outputs_differ",),
+        mutations=(Mutation("alibi/checks.py", "if max_ulp is None and not bool(nonfinite_mismatch.any()):",
+                            "if max_ulp is None:", "differing non-finite outputs called inapplicable"),)),
+    Fix("7278b43", "a pair without declared epilogue models is inconclusive", before="HEAD",
+        only=("test_a_pair_with_no_declared_model_is_inconclusive_not_pass",),
+        mutations=(Mutation("alibi/conform.py", 'req = ["shared-operands", "epilogue-model"]',
+                            'req = ["shared-operands"]', "the epilogue model no longer required"),)),
+    Fix("7278b43", "the exact number of differing elements", before="HEAD",
+        only=("test_emulator_orders_report_the_exact_number_of_differing_elements_per_tile",),
+        mutations=(Mutation("alibi/conform.py", '"n_differing": int(differs.sum()),',
+                            '"n_differing": int(differs.any()),', "differing tiles counted, not elements"),)),
+    Fix("7278b43", "assert_interchangeable raises on a fired check", before="HEAD",
+        only=("test_a_faulty_kernel_raises_an_assertion_error_with_one_line_per_fired_check",),
+        mutations=(Mutation("alibi/testing.py", 'if c["fired"]:', "if False:", "fired checks ignored"),)),
+    Fix("7278b43", "assert_interchangeable strict mode", before="HEAD",
+        only=("test_strict_mode_also_fails_on_required_checks_that_could_not_be_applied",),
+        mutations=(Mutation("alibi/testing.py", "    if strict:\n", "    if False:\n", "strict ignored"),)),
+    Fix("7278b43", "the entry-point plugin path", before="HEAD",
+        only=("test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform",
+              "test_an_entry_point_that_does_not_return_a_kernel_is_refused",
+              "test_the_cli_runs_a_plugin_kernel_installed_in_another_process"),
+        mutations=(Mutation("alibi/kernels/__init__.py", 'entry_points(group="alibi.kernels")',
+                            'entry_points(group="alibi.kernels.none")', "installed plugins not found"),)),
+    Fix("7278b43", "assert_interchangeable: the report returned, tiles from a folder or code (no mutation)",
+        only=("test_interchangeable_kernels_return_the_report_for_further_assertions",
+              "test_tiles_may_be_given_as_a_folder_or_in_code")),
+    # The kill tests of `model prepare`, `predict --out` and `eval --out` (the commands already staged
+    # their writes: nothing to revert), and the conform kill test's re-run from the killed state:
+    # held against an unstaged write, a truncated file visible before the commit, and a toolkit that
+    # never removes stale stages.
+    *(Fix(None, why, before="HEAD", tests=ids, mutations=(m,)) for why, ids, m in (
+        ("model prepare writes in place", (_KILL3 + "::" + _PREPARE,),
+         Mutation("alibi/model/prepare.py", "    with atomic.staged_dir(out) as stage:\n",
+                  "    if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n",
+                  "checkpoints written straight into OUT")),
+        ("predict --out writes a truncated file before the commit", (_KILL3 + "::" + _PREDICT,),
+         Mutation("alibi/model/predictions.py", "    atomic.write_text(out, ",
+                  "    open(out, 'w').write('{'); atomic.write_text(out, ", "a partial file at --out")),
+        ("eval --out writes a truncated file before the commit", (_KILL3 + "::" + _EVAL,),
+         Mutation("alibi/cli/eval.py", "        atomic.write_text(args.out, ",
+                  "        open(args.out, 'w').write('{'); atomic.write_text(args.out, ", "a partial file at --out")),
+        ("stale stages of killed runs never removed",
+         tuple(f"{_KILL3}::{t}" for t in (_PREPARE, _PREDICT, _EVAL)) + (f"tests/test_kill.py::{_CONFORM}",),
+         Mutation("alibi/atomic.py", "    path = Path(path)\n    pattern = re.compile(",
+                  "    return []\n    path = Path(path)\n    pattern = re.compile(", "remove_stale_stages does nothing")),
+    )),
+)
+
+
+# --- git --------------------------------------------------------------------------------------------
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def rev(spec: str) -> str:
+    return git("rev-parse", "--verify", f"{spec}^{{commit}}").strip()
+
+
+def show(commit: str, path: str) -> str | None:
+    proc = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def test_functions(source: str | None) -> dict[str, str]:
+    """{pytest name (`test_x` or `TestC::test_x`): source text with decorators} of a test module."""
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    lines = source.splitlines()
+
+    def text(node: ast.AST) -> str:
+        start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        return "\n".join(lines[start - 1: node.end_lineno])
+
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
+            found[node.name] = text(node)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            for m in node.body:
+                if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef) and m.name.startswith("test"):
+                    found[f"{node.name}::{m.name}"] = text(m)
+    return found
+
+
+def changed_tests(commit: str) -> list[str]:
+    """Test ids (`tests/…py::name`) that `commit` added or whose source it changed."""
+    files = git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", "tests").split()
+    ids = []
+    for path in files:
+        if not re.fullmatch(r"tests/(.+/)?test_[^/]+\.py", path):
+            continue
+        after, before = test_functions(show(commit, path)), test_functions(show(f"{commit}^", path))
+        ids += [f"{path}::{name}" for name, src in after.items() if before.get(name) != src]
+    return ids
+
+
+def locate_at_head(test_id: str) -> str | None:
+    """The id of `test_id` at HEAD: the same file, or — when the file was moved or the test moved
+    between files — the one HEAD test file defining a test of that name; None if there is none."""
+    path, name = test_id.split("::", 1)
+    if name in test_functions(show("HEAD", path)):
+        return test_id
+    files = [f for f in git("ls-tree", "-r", "--name-only", "HEAD", "tests").split()
+             if re.fullmatch(r"tests/(.+/)?test_[^/]+\.py", f)]
+    found = [f for f in files if name in test_functions(show("HEAD", f))]
+    return f"{found[0]}::{name}" if len(found) == 1 else None
+
+
+def added_by(path: str) -> str:
+    """The commit that added the file `path` (for tests given by id)."""
+    return git("log", "--diff-filter=A", "--format=%H", "-1", "HEAD", "--", path).strip() or rev("HEAD")
+
+
+def tests_of(fix: Fix) -> tuple[list[str], list[str]]:
+    """(ids at HEAD, ids of the commit no test at HEAD carries) of `fix`."""
+    found = changed_tests(fix.commit) if fix.commit else []
+    keep = [t for t in found if (not fix.only or t.split("::", 1)[1] in fix.only)
+            and t.split("::", 1)[1] not in fix.exclude]
+    located = {t: locate_at_head(t) for t in [*keep, *fix.tests]}
+    return (list(dict.fromkeys(v for v in located.values() if v)), [t for t, v in located.items() if v is None])
+
+
+# --- results ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test function (all its parametrized cases) on the old code and at HEAD.
+
+    test: the pytest id at HEAD. commit: the issue-16 commit that added or changed it. item: the
+    case it guards. old_code: the commit its old run used (full hash), or "HEAD" with `mutation`.
+    mutation: the replacements applied to that code (None for plain old code). old / head: the
+    outcome there — `failed` (a case failed or raised), `collect-error` (HEAD's test module did not
+    import on that code), `passed`, `skipped` (every case skipped, e.g. needs a GPU), `timeout`,
+    `not-run`. old_cases_failed / cases: counts of parametrized cases (at HEAD). verdict:
+    `fails before the fix` (old failed, head passed), `fails only to import` (old collect-error,
+    head passed), `cannot fail` (old passed), `not run here` (skipped on this machine), `fails at
+    HEAD` (head did not pass).
+    """
+
+    test: str
+    commit: str
+    item: str
+    old_code: str
+    mutation: str | None
+    old: str
+    head: str
+    old_cases_failed: int
+    cases: int
+    verdict: str
+
+
+@dataclass(frozen=True)
+class HardeningRegressions:
+    """The check's record. schema: `alibi.hardening-regressions/1`. head: the commit tested. machine:
+    CPU model, cores, Python and torch versions. seconds: wall time. tests: one `TestOutcome` each.
+    counts: {verdict: number of tests}. gone: "commit: test id" of the tests an issue-16 commit
+    added that no HEAD test file defines any more (removed or renamed since)."""
+
+    schema: str
+    head: str
+    machine: dict
+    seconds: float
+    tests: tuple[TestOutcome, ...]
+    counts: dict = field(default_factory=dict)
+    gone: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> HardeningRegressions:
+        doc = json.loads(text)
+        if doc.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} record (schema {doc.get('schema')!r})")
+        return cls(schema=doc["schema"], head=doc["head"], machine=doc["machine"], seconds=doc["seconds"],
+                   tests=tuple(TestOutcome(**t) for t in doc["tests"]), counts=doc["counts"],
+                   gone=tuple(doc.get("gone", ())))
+
+
+def verdict(old: str, head: str) -> str:
+    if head == "skipped" or (old == "skipped" and head in ("skipped", "passed")):
+        return "not run here"
+    if head != "passed":
+        return "fails at HEAD"
+    return {"failed": "fails before the fix", "collect-error": "fails only to import",
+            "passed": "cannot fail"}.get(old, f"old {old}")
+
+
+# --- running pytest in a worktree -------------------------------------------------------------------
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def worktree(base: str, into: Path, mutations: Sequence[Mutation]) -> Path:
+    """A detached worktree of `base` at `into`, with HEAD's tests/ and `mutations` applied."""
+    git("worktree", "add", "--detach", "--quiet", str(into), base)
+    shutil.rmtree(into / "tests")
+    archive = subprocess.run(["git", "archive", "HEAD", "tests"], cwd=REPO, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    for m in mutations:
+        target = into / m.path
+        text = target.read_text() if target.is_file() else ""
+        if text.count(m.old) != 1:  # HEAD's code moved on: the mutation no longer says what it should
+            raise StaleMutation(f"{m.path}: the text to replace occurs {text.count(m.old)} times, not once")
+        target.write_text(text.replace(m.old, m.new))
+    return into
+
+
+class StaleMutation(Exception):
+    """A mutation's text is not in HEAD's code exactly once (the code was rewritten since)."""
+
+
+def run_pytest(tree: Path, ids: Sequence[str], timeout: float, label: str) -> dict[str, tuple[str, int, int]]:
+    """{test id: (outcome, failed cases, cases)} for `ids` run by pytest in `tree`."""
+    report = tree / ".alibi-junit.xml"
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("TRITON_INTERPRET", None)  # the tests that need it set it themselves
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+           f"--junitxml={report}", *ids]
+    start = time.perf_counter()
+    print(f"[{label}] {len(ids)} tests in {tree.name} …", file=sys.stderr, flush=True)
+    try:
+        subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_limit,
+                       check=False)
+    except subprocess.TimeoutExpired:
+        print(f"[{label}] timed out after {timeout:.0f} s", file=sys.stderr, flush=True)
+        return {i: ("timeout", 0, 0) for i in ids}
+    print(f"[{label}] done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return outcomes(report, ids) if report.is_file() else {i: ("not-run", 0, 0) for i in ids}
+
+
+def outcomes(report: Path, ids: Iterable[str]) -> dict[str, tuple[str, int, int]]:
+    cases: dict[str, list[str]] = defaultdict(list)
+    broken_modules = set()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        if not case.get("classname") or (case.get("file") is None and "error" in kinds):
+            broken_modules.add(case.get("name", "").replace(".", "/"))  # a collection error names the module
+            continue
+        path = case.get("file")
+        cls = case.get("classname").rsplit(".", 1)[-1]
+        name = re.sub(r"\[.*\]$", "", case.get("name"))
+        test = f"{path}::{cls}::{name}" if cls.startswith("Test") else f"{path}::{name}"
+        cases[test].append("failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed")
+    result = {}
+    for test in ids:
+        got = cases.get(test, [])
+        module = test.split("::")[0].removesuffix(".py")
+        if not got:
+            result[test] = ("collect-error", 0, 0) if module in broken_modules else ("not-run", 0, 0)
+        elif "failed" in got:
+            result[test] = ("failed", got.count("failed"), len(got))
+        elif set(got) == {"skipped"}:
+            result[test] = ("skipped", 0, len(got))
+        else:
+            result[test] = ("passed", 0, len(got))
+    return result
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+
+
+def check(fixes: Sequence[Fix], timeout: float) -> HardeningRegressions:
+    start = time.perf_counter()
+    head = rev("HEAD")
+    plan = []  # (fix, test id at HEAD, old code)
+    gone = []
+    for fix in fixes:
+        ids, lost = tests_of(fix)
+        gone += [f"{fix.commit}: {t}" for t in lost]
+        base = rev(fix.before or f"{fix.commit}^")
+        plan += [(fix, t, base) for t in ids]
+    groups: dict[tuple[str, tuple[Mutation, ...]], list[str]] = defaultdict(list)
+    for fix, test, base in plan:
+        groups[(base, fix.mutations)].append(test)
+    old_results: dict[tuple[str, tuple[Mutation, ...], str], tuple[str, int, int]] = {}
+    with tempfile.TemporaryDirectory(prefix="alibi-hardening-") as tmp:
+        trees = []
+        try:
+            for n, ((base, mutations), ids) in enumerate(groups.items()):
+                try:
+                    tree = worktree(base, Path(tmp) / f"old-{n}-{base[:8]}", mutations)
+                except StaleMutation as exc:
+                    print(f"stale mutation: {exc}", file=sys.stderr)
+                    tree = Path(tmp) / f"old-{n}-{base[:8]}"
+                    got_all = {t: ("stale-mutation", 0, 0) for t in ids}
+                else:
+                    got_all = run_pytest(tree, sorted(set(ids)), timeout, f"old {base[:8]}")
+                trees.append(tree)
+                for test, got in got_all.items():
+                    old_results[(base, mutations, test)] = got
+                git("worktree", "remove", "--force", str(tree))
+                trees.remove(tree)
+            tree = worktree(head, Path(tmp) / "head", ())
+            trees.append(tree)
+            head_results = run_pytest(tree, sorted({t for _, t, _ in plan}), timeout, "HEAD")
+        finally:
+            for tree in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False,
+                               capture_output=True)
+            subprocess.run(["git", "worktree", "prune"], cwd=REPO, check=False)
+    rows = []
+    for fix, test, base in plan:
+        old, failed, _ = old_results[(base, fix.mutations, test)]
+        now, _, cases = head_results[test]
+        mutation = "; ".join(f"{m.path}: {m.why}" for m in fix.mutations) or None
+        rows.append(TestOutcome(test=test, commit=rev(fix.commit or added_by(test.split("::")[0]))[:12], item=fix.item,
+                                old_code="HEAD" if fix.mutations and base == head else base, mutation=mutation,
+                                old=old, head=now, old_cases_failed=failed, cases=cases, verdict=verdict(old, now)))
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r.verdict] += 1
+    return HardeningRegressions(SCHEMA, head, machine(), round(time.perf_counter() - start, 1), tuple(rows),
+                                dict(sorted(counts.items())), tuple(gone))
+
+
+def table(result: HardeningRegressions) -> str:
+    lines = [f"{'commit':<8} {'old':<14} {'head':<8} verdict               test"]
+    for r in result.tests:
+        lines.append(f"{r.commit[:7]:<8} {r.old:<14} {r.head:<8} {r.verdict:<21} {r.test}")
+    lines.append(f"{len(result.tests)} tests at {result.head[:12]} in {result.seconds:.0f} s: "
+                 + ", ".join(f"{n} {v}" for v, n in result.counts.items()))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="record to write (JSON)")
+    ap.add_argument("--only", nargs="*", default=(), help="check only these commits (a prefix each)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per pytest run (default 900)")
+    ap.add_argument("--list", action="store_true", help="list the tests each fix covers and exit")
+    args = ap.parse_args(argv)
+    fixes = [f for f in FIXES if not args.only or any(f.commit.startswith(o) for o in args.only)]
+    if args.list:
+        for fix in fixes:
+            ids, lost = tests_of(fix)
+            for t in ids:
+                print(f"{fix.commit} {'mutated ' if fix.mutations else ''}{t}")
+            for t in lost:
+                print(f"{fix.commit} (gone at HEAD) {t}")
+        return 0
+    result = check(fixes, args.timeout)
+    sys.path.insert(0, str(REPO))
+    from alibi import atomic
+
+    atomic.write_text(args.out, result.to_json())
+    print(table(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
