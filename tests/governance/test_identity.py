@@ -144,8 +144,11 @@ def test_require_identity_returns_a_record_to_embed_when_the_contract_holds(pair
     assert record["treatment"] == ["predicate.treatment"]
 
 
-def test_compare_manifests_reports_a_subject_that_is_not_a_list_instead_of_crashing(tmp_path):
-    """issue 16: a B manifest whose `subject` is not a list made the library (not only the CLI) raise."""
+@pytest.mark.parametrize("subject", [5, None, {"name": "x.txt"}], ids=["number", "null", "object"])
+def test_compare_manifests_reports_a_subject_that_is_not_a_list_instead_of_crashing(tmp_path, subject):
+    """issue 16: a B manifest whose `subject` is not a list made the library (not only the CLI) raise:
+    a number or null is not iterable (TypeError); an object iterated as its keys and was silently
+    taken for a subject without names."""
     import json
 
     from alibi.governance.identity import compare_manifests
@@ -156,7 +159,7 @@ def test_compare_manifests_reports_a_subject_that_is_not_a_list_instead_of_crash
         (tmp_path / arm / "x.txt").write_text("x")
         write_manifest(tmp_path / arm, "report", build_predicate())
     doc = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    doc["subject"] = {"name": "x.txt"}
+    doc["subject"] = subject
     (tmp_path / "b" / "manifest.json").write_text(json.dumps(doc))
     record = compare_manifests(tmp_path / "a", tmp_path / "b", ("none",))
     assert not record.verified and any("subject" in p for p in record.problems)
