@@ -10,7 +10,6 @@ on that).
 from __future__ import annotations
 
 import functools
-import hashlib
 import platform
 import re
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import alibi
+from alibi.digests import sha256_bytes, sha256_listing
 
 _GIT_TIMEOUT_S = 5
 
@@ -137,9 +137,7 @@ def source_digest(files: Mapping[str, bytes]) -> str:
     """sha256 of the `sha256sum`-style listing of `files` (path relative to the package folder →
     bytes), in path order: the toolkit's `source_digest`, computable from a working tree or from
     any commit's tree (see `alibi.governance.provenance`)."""
-    order = sorted(files, key=PurePosixPath)
-    listing = "".join(f"{hashlib.sha256(files[rel]).hexdigest()}  {rel}\n" for rel in order)
-    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
+    return sha256_listing((rel, sha256_bytes(files[rel])) for rel in sorted(files, key=PurePosixPath))
 
 
 def _source_sha256() -> str:

@@ -25,7 +25,6 @@ predicate may depend on the clock.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import importlib
 import inspect
 import json
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi import atomic, jsonio
+from alibi.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.errors import InputError, one_line
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -51,7 +51,6 @@ KINDS = ("tiles", "capture", "predictions", "report", "checkpoint", "prompts", "
 
 _KIND = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 
 
 def predicate_type(kind: str) -> str:
@@ -59,22 +58,6 @@ def predicate_type(kind: str) -> str:
     if not _KIND.match(kind):
         raise InputError(f"manifest kind {kind!r} is not a lowercase slug; use e.g. one of {', '.join(KINDS)}")
     return f"{PREDICATE_TYPE_PREFIX}{kind}/v1"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read it to compute its digest ({exc.strerror})") from None
-    return h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def digest_set(hex_digest: str) -> dict[str, str]:
@@ -124,14 +107,17 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def digest_tree(folder: str | os.PathLike) -> str:
-    """One sha256 for a folder: the hash of its `sha256sum`-style listing.
+def digest_tree(folder: str | os.PathLike, files: Iterable[str] | None = None) -> str:
+    """One sha256 for a folder: the toolkit's folder digest (`alibi.digests.sha256_listing`).
 
-    The listing is `"<sha256>  <relative path>\\n"` per file of `folder_files`, sorted by path, so
-    the digest changes when any covered file's bytes, name or presence change, and not otherwise.
+    The listing is `"<sha256>  <relative path>\\n"` per file, sorted by path, so the digest changes
+    when any covered file's bytes, name or presence change, and not otherwise. files: the
+    relative POSIX paths to cover (default: `folder_files(folder)`, the files a manifest covers);
+    a caller with its own notion of the folder's files (a checkpoint, whose Hugging Face snapshot
+    links are followed) passes them here rather than hashing its own listing.
     """
-    lines = "".join(f"{sha256_file(Path(folder) / rel)}  {rel}\n" for rel in folder_files(folder))
-    return sha256_bytes(lines.encode("utf-8"))
+    names = folder_files(folder) if files is None else sorted(files)
+    return sha256_listing((rel, sha256_file(Path(folder) / rel)) for rel in names)
 
 
 def digest_path(path: str | os.PathLike) -> str:
@@ -413,9 +399,8 @@ def kernel_build_digest(kernel: Any) -> str:
     csrc = Path(kernel_source).parent / "csrc" if kernel_source else None
     if csrc is not None and csrc.is_dir():
         files |= {f"csrc/{rel}": csrc / rel for rel in folder_files(csrc, exclude=())}
-    listing = f"class {type(kernel).__module__}.{type(kernel).__qualname__}\n"
-    listing += "".join(f"{sha256_file(path)}  {label}\n" for label, path in sorted(files.items()))
-    return sha256_bytes(listing.encode("utf-8"))
+    return sha256_listing(((label, sha256_file(path)) for label, path in sorted(files.items())),
+                          header=f"class {type(kernel).__module__}.{type(kernel).__qualname__}\n")
 
 
 def treatment_of(kernel: Any, arm: str, kernel_log: Any = None) -> Treatment:

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from alibi.governance.manifest import sha256_bytes, sha256_file
+from alibi.digests import sha256_bytes, sha256_file
 
-# File and byte digests are the manifests' own (one implementation for the whole toolkit).
+# File and byte digests are `alibi.digests`' (one implementation for the whole toolkit); a folder's
+# digest is `alibi.governance.manifest.digest_tree`.
 file_sha256 = sha256_file
 bytes_sha256 = sha256_bytes
 

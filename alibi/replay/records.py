@@ -20,7 +20,6 @@ A flip between two arms at one (window, position) is `top1_id` of A ≠ `top1_id
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from alibi import atomic
+from alibi.digests import sha256_bytes
 from alibi.errors import InputError
 
 SCHEMA = "alibi-teacher-forced/v1"
@@ -121,12 +121,12 @@ def _record(raw: Any, where: str, index: int) -> TokenRecord:
 
 def window_sha256(ids: torch.Tensor) -> str:
     """sha256 of a window's token ids as int32 little-endian bytes (the `prompt_sha256` field)."""
-    return hashlib.sha256(ids.reshape(-1).to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).hexdigest()
+    return sha256_bytes(ids.reshape(-1).to(torch.int32).contiguous().numpy().astype("<i4").tobytes())
 
 
 def logits_sha256(row: torch.Tensor) -> str:
     """sha256 of one fp32 logit row's little-endian bytes (the `logits_sha256` field)."""
-    return hashlib.sha256(row.detach().to(torch.float32).cpu().contiguous().numpy().astype("<f4").tobytes()).hexdigest()
+    return sha256_bytes(row.detach().to(torch.float32).cpu().contiguous().numpy().astype("<f4").tobytes())
 
 
 def write_records(arm: ArmRecords, folder: str | Path) -> Path:

@@ -17,13 +17,12 @@ Log-probabilities are `torch.log_softmax` in fp32, stored as the float64 value o
 
 Throughput. The forward pass dominates; the scoring runs on the model's device, only the scored
 rows travel to the host, and their digests are computed by a thread pool while the next window's
-forward runs (`hashlib` releases the GIL on large buffers), so the replay costs little more than
+forward runs (sha256 releases the GIL on large buffers), so the replay costs little more than
 the forward passes themselves (`analysis/bench_replay.py` measures the ratio).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from alibi.digests import sha256_bytes
 from alibi.errors import InputError
 from alibi.progress import Progress
 from alibi.replay.records import ArmRecords, TokenRecord, window_sha256, write_records
@@ -72,7 +72,7 @@ def _row_digests(host_rows: torch.Tensor) -> list[str]:
     array = host_rows.numpy()
     if sys.byteorder != "little":
         array = array.astype("<f4")
-    return [hashlib.sha256(memoryview(row)).hexdigest() for row in array]
+    return [sha256_bytes(memoryview(row)) for row in array]
 
 
 class RowHasher:
