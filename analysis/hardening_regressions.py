@@ -277,7 +277,8 @@ class TestOutcome:
     outcome there — `failed` (a case failed or raised), `collect-error` (HEAD's test module did not
     import on that code), `passed`, `skipped` (every case skipped, e.g. needs a GPU), `timeout`,
     `not-run`. old_cases_failed / cases: counts of parametrized cases (at HEAD). verdict:
-    `fails before the fix` (old failed, head passed), `fails only to import` (old collect-error,
+    `fails before the fix` (old failed, head passed), `fails on the mutation` (the same, against a
+    mutation of HEAD's code), `fails only to import` (old collect-error,
     head passed), `cannot fail` (old passed), `not run here` (skipped on this machine), `fails at
     HEAD` (head did not pass).
     """
@@ -322,13 +323,13 @@ class HardeningRegressions:
                    gone=tuple(doc.get("gone", ())))
 
 
-def verdict(old: str, head: str) -> str:
+def verdict(old: str, head: str, mutated: bool = False) -> str:
     if head == "skipped" or (old == "skipped" and head in ("skipped", "passed")):
         return "not run here"
     if head != "passed":
         return "fails at HEAD"
-    return {"failed": "fails before the fix", "collect-error": "fails only to import",
-            "passed": "cannot fail"}.get(old, f"old {old}")
+    return {"failed": "fails on the mutation" if mutated else "fails before the fix",
+            "collect-error": "fails only to import", "passed": "cannot fail"}.get(old, f"old {old}")
 
 
 # --- running pytest in a worktree -------------------------------------------------------------------
@@ -457,7 +458,8 @@ def check(fixes: Sequence[Fix], timeout: float) -> HardeningRegressions:
         mutation = "; ".join(f"{m.path}: {m.why}" for m in fix.mutations) or None
         rows.append(TestOutcome(test=test, commit=rev(fix.commit or added_by(test.split("::")[0]))[:12], item=fix.item,
                                 old_code="HEAD" if fix.mutations and base == head else base, mutation=mutation,
-                                old=old, head=now, old_cases_failed=failed, cases=cases, verdict=verdict(old, now)))
+                                old=old, head=now, old_cases_failed=failed, cases=cases,
+                                verdict=verdict(old, now, bool(fix.mutations))))
     counts: dict[str, int] = defaultdict(int)
     for r in rows:
         counts[r.verdict] += 1
