@@ -1,6 +1,6 @@
 """`alibi pow2-rewrite IN OUT --mode M (--keep-weights | --requantize-from DENSE)`: power-of-two weight scales.
 
-The same command runs as `python -m alibi.pow2 IN OUT ...`. See `alibi.pow2` for what it does.
+A thin shell over `alibi.model.pow2_rewrite` (see it for what the rewrite does and why).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.pow2 import pow2_rewrite, summary_lines
+    from alibi.model.pow2_rewrite import pow2_rewrite, summary_lines
 
     result = pow2_rewrite(args.input, args.output, args.mode, requantize_from=args.requantize_from,
                           overwrite=args.overwrite)

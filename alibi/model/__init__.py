@@ -14,6 +14,7 @@ Modules (one concept each):
 - `capture`: operand recording as tiles, and its overhead benchmark;
 - `predictions`: the per-layer headroom prediction list of a capture, with its digest;
 - `evaluate`: perplexity and greedy continuations;
+- `pow2_rewrite`: power-of-two weight scales for a W8A8 checkpoint (`alibi pow2-rewrite`);
 - `digests`: sha256 helpers (files, canonical JSON, shard-independent tensor digests).
 
 Importing this package imports nothing heavy; transformers and tokenizers are needed only by the

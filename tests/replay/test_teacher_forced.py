@@ -65,7 +65,7 @@ def test_arm_folder_is_a_verified_replay_artifact_that_reads_back_equal(tiny, tm
 
 @needs_model_extra
 def test_pow2_scales_make_both_epilogue_orders_give_bitwise_identical_logits_at_every_position(tiny, tmp_path):
-    from alibi.pow2 import pow2_rewrite
+    from alibi.model.pow2_rewrite import pow2_rewrite
 
     pow2_rewrite(tiny / "w8a8", tmp_path / "pow2", "ceil", requantize_from=tiny / "w8a8-bf16")
     a = _arm(tiny, tmp_path / "a", "torch-cpu", model=tmp_path / "pow2")        # w_then_a

@@ -26,15 +26,14 @@ Everything else is copied: config, tokenizer and other side files byte for byte,
 layout and its index, every tensor other than `weight_scale` (and, when requantizing, `weight`)
 bit for bit. The output folder is staged and renamed into place only when complete, with a
 `manifest.json` recording the input's digests, the mode, the weight policy and what changed in
-each layer. Run as `alibi pow2-rewrite IN OUT ...` or `python -m alibi.pow2 IN OUT ...`.
+each layer. Run it as `alibi pow2-rewrite IN OUT ...` (`alibi.cli.pow2`; this library module
+imports no CLI code and has no `__main__`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -262,13 +261,12 @@ def checkpoint_files(folder: Path) -> list[str]:
 
 
 def tree_sha256(folder: Path) -> str:
-    """sha256 of the folder's `sha256sum`-style listing (`alibi.governance.manifest.digest_tree`'s
-    convention, with symbolic links followed): changes exactly when a covered file's bytes, name
-    or presence change."""
-    from alibi.governance.manifest import sha256_file
+    """The folder digest (`alibi.governance.manifest.digest_tree`) over `checkpoint_files`, so a
+    Hugging Face snapshot's symbolic links are followed: changes exactly when a covered file's
+    bytes, name or presence change."""
+    from alibi.governance.manifest import digest_tree
 
-    lines = "".join(f"{sha256_file(folder / rel)}  {rel}\n" for rel in checkpoint_files(folder))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+    return digest_tree(folder, files=checkpoint_files(folder))
 
 
 def _verify_own_manifest(folder: Path) -> bool:
@@ -441,8 +439,3 @@ def summary_lines(result: Pow2RewriteResult) -> list[str]:
     lines.append(f"  wrote {result.out} (manifest.json records the input digests, mode, policy and per-layer counts)")
     return lines
 
-
-if __name__ == "__main__":
-    from alibi.cli import main
-
-    sys.exit(main(["pow2-rewrite", *sys.argv[1:]]))

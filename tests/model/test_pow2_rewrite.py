@@ -34,7 +34,7 @@ from alibi.model.checkpoint import read_tensors
 from alibi.model.compressed_tensors import quantize_dense, read_w8a8, write_w8a8
 from alibi.numerics import bitwise_equal, is_pow2, pow2_round
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODES = ("nearest", "ceil", "floor")
 SIDE_FILES = {"tokenizer.json": b'{"model": "a tokenizer, byte for byte"}\n', "generation_config.json": b'{"x": 1}'}
 POW2_ROW = ("model.layers.1.mlp.up_proj", 5)  # a channel whose absmax/127.5 is exactly 2^-7
@@ -263,9 +263,9 @@ def test_overwrite_replaces_an_existing_rewritten_checkpoint(tmp_path, w8a8_dir)
     assert verify_files(out) == []
 
 
-def test_python_module_entry_point_takes_the_same_arguments(tmp_path, w8a8_dir):
+def test_python_m_alibi_pow2_rewrite_runs_the_command_and_refuses_an_existing_output(tmp_path, w8a8_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "alibi.pow2", str(w8a8_dir), str(tmp_path / "out"), "--mode", "ceil"]
+    cmd = [sys.executable, "-m", "alibi", "pow2-rewrite", str(w8a8_dir), str(tmp_path / "out"), "--mode", "ceil"]
     ok = subprocess.run([*cmd, "--keep-weights"], capture_output=True, text=True, env=env, cwd=tmp_path,
                         check=False)
     assert ok.returncode == 0, ok.stderr
@@ -412,7 +412,7 @@ def test_a_failure_while_writing_leaves_no_output(tmp_path, w8a8_dir, monkeypatc
 def test_a_killed_run_leaves_no_checkpoint_at_the_destination(tmp_path, w8a8_dir):
     script = (
         "import os, signal, sys\n"
-        "import alibi.pow2 as p\n"
+        "import alibi.model.pow2_rewrite as p\n"
         "real = p.save_file\n"
         "def save_then_die(*a, **k):\n"
         "    real(*a, **k)\n"
@@ -433,7 +433,7 @@ def test_a_write_that_leaves_a_non_power_of_two_scale_is_refused_and_nothing_is_
     """Guards the final check: whatever path leaves a shard unrewritten (the index bug of issue 16
     did), the written checkpoint is read back, every weight_scale must be a power of two, and the
     output is never renamed into place otherwise."""
-    from alibi import pow2
+    from alibi.model import pow2_rewrite as pow2
 
     real_write = pow2._write
 
