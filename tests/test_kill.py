@@ -158,7 +158,7 @@ def test_pow2_rewrite_overwrite_killed_at_any_write_leaves_the_old_checkpoint_or
         return mode == "ceil" and all(bool(is_pow2(lin.scale).all()) for lin in read_w8a8(path).linears.values())
 
     states = kill_everywhere(tmp_path, ["pow2-rewrite", str(src), str(out), "--mode", "ceil", "--keep-weights",
-                                        "--overwrite"], out, old, preload=("alibi.pow2", "alibi.model.compressed_tensors"))
+                                        "--overwrite"], out, old, preload=("alibi.model.pow2_rewrite", "alibi.model.compressed_tensors"))
     judge(states, old, complete)
     assert stages_left(states) >= 1
     assert main(["pow2-rewrite", str(src), str(out), "--mode", "ceil", "--keep-weights", "--overwrite"]) == 0
