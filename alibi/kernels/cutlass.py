@@ -141,7 +141,9 @@ class CutlassLibrary:
     def __init__(self, library: nvcc.Library, fmt: str):
         self.library = library
         self.fmt = fmt
-        self.handle, self.path = nvcc.load(library)
+        # check: the cached .so's digest, verified against its build record before it was loaded
+        self.handle, self.check = nvcc.load(library)
+        self.path = self.check.path
         declare_entry_points(self.handle, fmt)
 
     def describe(self, config: int) -> str:
@@ -250,12 +252,19 @@ class CutlassKernel(Kernel):
         self.last_run = {"op": "accumulate", **info}
         return acc
 
+    def build_digest(self) -> str | None:
+        """sha256 of the library bytes last run (verified against the build record, then loaded);
+        None before any run (`kernel_build_digest` then digests the sources)."""
+        return None if self._ran is None else self._ran.check.sha256
+
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
         if self._ran is not None:
             lib = self._ran
             ev.update(code_path=lib.handle.alibi_path().decode(), library=str(lib.path),
-                      build=nvcc.build_record(lib.path), cutlass=nvcc.cutlass_version())
+                      build=nvcc.build_record(lib.path), cutlass=nvcc.cutlass_version(),
+                      # a DigestSet, as manifests require of every `*_digest` key (kernel evidence is recorded in them)
+                      build_digest={"sha256": lib.check.sha256}, binary=lib.check.to_json())
         ev["last_run"] = dict(self.last_run)
         return ev
 

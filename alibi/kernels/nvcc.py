@@ -15,6 +15,13 @@ Atomicity. Objects are compiled into a private temporary folder inside the cache
 (`.json`). A crash leaves at most a stray temporary folder, never a half-written library; a file
 lock serialises concurrent builders of the same key so the work is done once.
 
+Integrity. The build record pins the sha256 of the `.so` it describes. `load` opens the cached
+file once, digests the bytes through that descriptor, compares them with the record and only then
+lets `ctypes` load the same open file (`/proc/self/fd/<n>`), so the digest it reports is of the
+bytes loaded even if the name is replaced meanwhile. A mismatch is refused (KernelUnavailable:
+delete the file to rebuild); a record from before digests were recorded is loaded and reported
+`verified: false` with the reason (`LibraryCheck`).
+
 Where things come from (first match wins):
   * nvcc: `$ALIBI_NVCC`, `$CUDA_HOME/bin/nvcc`, `$CUDA_PATH/bin/nvcc`, `nvcc` on `PATH`,
     `/usr/local/cuda/bin/nvcc`;
@@ -31,7 +38,6 @@ import contextlib
 import ctypes
 import fcntl
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -45,7 +51,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from alibi.digests import sha256_bytes, sha256_file, sha256_stream
 from alibi.errors import InputError, KernelUnavailable
 
 CSRC = Path(__file__).resolve().with_name("csrc")
@@ -161,11 +169,13 @@ def cutlass_version(include_dirs: tuple[Path, ...] | None = None) -> str:
 
 # --- building ----------------------------------------------------------------------------------------
 
+# The cache key's own serialisations (not the toolkit's `sha256_listing`): every cached library is
+# named by them, so they stay byte for byte what they were when the caches were built.
+
 def _csrc_digest() -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for p in CSRC.iterdir() if p.is_file()):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    """sha256 over `name NUL bytes NUL` of every file in csrc/, by name."""
+    return sha256_bytes(b"".join(path.name.encode() + b"\0" + path.read_bytes() + b"\0"
+                                 for path in sorted(p for p in CSRC.iterdir() if p.is_file())))
 
 
 def build_key(lib: Library, nvcc: Path, include_dirs: tuple[Path, ...]) -> str:
@@ -173,7 +183,7 @@ def build_key(lib: Library, nvcc: Path, include_dirs: tuple[Path, ...]) -> str:
     record = {"library": lib.name, "sources": lib.sources, "gencode": lib.gencode,
               "csrc": _csrc_digest(), "flags": NVCC_FLAGS, "link": LINK_FLAGS,
               "cutlass": cutlass_version(include_dirs), "nvcc": nvcc_version(nvcc)}
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return sha256_bytes(json.dumps(record, sort_keys=True).encode())
 
 
 def library_path(lib: Library) -> Path:
@@ -287,30 +297,113 @@ def build(lib: Library, *, jobs: int | None = None) -> Path:
                       "nvcc_version": nvcc_version(nvcc), "cutlass": cutlass_version(inc),
                       "include_dirs": [str(d) for d in inc], "compile_seconds": timings,
                       "link_seconds": round(t_link, 1), "workers": workers}
-            (work / "build.json").write_text(json.dumps(record, indent=2))
-            os.replace(work / "build.json", target.with_suffix(".json"))
-            os.replace(work / "lib.so", target)
-            return target
+            return install(work / "lib.so", target, record)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def install(built: Path, target: Path, record: dict) -> Path:
+    """Put the linked library `built` in the cache as `target`, its build record beside it.
+
+    The record gains `sha256`, the digest of the library's bytes, which `load` checks. It is written
+    first (from a temporary file, renamed), then the library is renamed into place: a library is
+    never visible without the record that pins it. Both renames stay on one file system (`built`
+    lies in a temporary folder inside the cache), so each is atomic.
+    """
+    record = {**record, "sha256": sha256_file(built)}
+    staged = built.with_name(built.name + ".json")
+    staged.write_text(json.dumps(record, indent=2))
+    os.replace(staged, target.with_suffix(".json"))
+    os.replace(built, target)
+    return target
+
+
 def build_record(path: Path) -> dict:
-    """The build record (flags, timings, versions) written next to a cached library."""
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        return json.loads(path.with_suffix(".json").read_text())
+    """The build record (flags, timings, versions, the library's sha256) written next to a cached library."""
+    with contextlib.suppress(OSError, json.JSONDecodeError, UnicodeDecodeError):
+        record = json.loads(path.with_suffix(".json").read_text())
+        if isinstance(record, dict):
+            return record
     return {}
 
 
-_LOADED: dict[Path, ctypes.CDLL] = {}
+@dataclass(frozen=True)
+class LibraryCheck:
+    """What `verify_library` found for one cached library.
+
+    path: the `.so`; sha256: digest of the bytes read (those then loaded); verified: they equal the
+    sha256 its build record pins; why: one line saying how that was decided (for `verified: false`,
+    why nothing could be compared and how to get a record that can).
+    """
+
+    path: Path
+    sha256: str
+    verified: bool
+    why: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": str(self.path), "sha256": self.sha256, "verified": self.verified, "why": self.why}
 
 
-def load(lib: Library) -> tuple[ctypes.CDLL, Path]:
-    """Build if needed and load `lib` (once per process); returns the handle and its path."""
-    path = build(lib)
+def verify_library(path: Path, fh: BinaryIO | None = None) -> LibraryCheck:
+    """Digest the cached library `path` (through the open file `fh` when given) and compare it with its record.
+
+    KernelUnavailable, naming the file and the fix, when the record pins a different sha256 or was
+    written for another build key than the one in the file name: the bytes are not the ones that
+    were built, and nothing is loaded. A missing, unreadable or digest-less record refuses nothing
+    (libraries cached before records carried digests still load) and says so in `why`.
+    """
+    if fh is None:
+        with open(path, "rb") as own:
+            return verify_library(path, own)
+    fh.seek(0)
+    actual = sha256_stream(fh)
+    json_path = path.with_suffix(".json")
+    record = build_record(path)
+    fix = f"delete {path} to rebuild it"
+    if not record:
+        return LibraryCheck(path, actual, False, f"no readable build record {json_path}; {fix} with one")
+    key = record.get("key")
+    if isinstance(key, str) and not path.stem.endswith("-" + key[:20]):
+        raise KernelUnavailable(f"{path}: its build record {json_path} is for build key {key[:20]}, not this "
+                                f"file's; {fix} (and {json_path.name})")
+    pinned = record.get("sha256")
+    if pinned is None:
+        return LibraryCheck(path, actual, False, f"its build record {json_path} predates recorded library "
+                                                 f"digests (no sha256); {fix} with one")
+    if pinned != actual:
+        raise KernelUnavailable(f"{path}: its sha256 is {actual}, its build record {json_path} pins {pinned} "
+                                f"(changed since it was built); {fix}")
+    return LibraryCheck(path, actual, True, f"sha256 equals the one pinned by {json_path}")
+
+
+def _loadable_name(fh: BinaryIO, path: Path) -> str:
+    """A name `dlopen` resolves to the very file open as `fh` (not to whatever `path` names now)."""
+    pinned = Path(f"/proc/self/fd/{fh.fileno()}")
+    return str(pinned) if pinned.exists() else str(path)
+
+
+_LOADED: dict[Path, tuple[ctypes.CDLL, LibraryCheck]] = {}
+
+
+def load_path(path: Path) -> tuple[ctypes.CDLL, LibraryCheck]:
+    """Verify the cached library at `path` (`verify_library`) and only then load it, once per process."""
     if path not in _LOADED:
         try:
-            _LOADED[path] = ctypes.CDLL(str(path))
+            fh = open(path, "rb")
         except OSError as exc:
-            raise KernelUnavailable(f"cannot load {path} ({exc}); delete it to force a rebuild") from None
-    return _LOADED[path], path
+            raise KernelUnavailable(f"cannot open {path} ({exc.strerror}); delete it to force a rebuild") from None
+        with fh:
+            check = verify_library(path, fh)
+            try:
+                handle = ctypes.CDLL(_loadable_name(fh, path))
+            except OSError as exc:
+                raise KernelUnavailable(f"cannot load {path} ({exc}); delete it to force a rebuild") from None
+        _LOADED[path] = (handle, check)
+    return _LOADED[path]
+
+
+def load(lib: Library) -> tuple[ctypes.CDLL, LibraryCheck]:
+    """Build if needed, verify and load `lib` (once per process); returns the handle and its check
+    (`check.path` is the cached file, `check.sha256` the digest of the bytes loaded)."""
+    return load_path(build(lib))

@@ -63,7 +63,6 @@ nearest even, so interpreted bf16 outputs would not be the bits vLLM computes.
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -78,6 +77,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from alibi.digests import sha256_bytes, sha256_file
 from alibi.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
 from alibi.kernels.base import Kernel
@@ -144,15 +144,13 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, cached by (path, size, mtime): the op library is 79 MB."""
+    """`alibi.digests.sha256_file`, cached by (path, size, mtime): the op library is 79 MB.
+
+    For describing a file found on disk; what was loaded is `loaded_sha256`, digested at load."""
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        _DIGESTS[key] = h.hexdigest()
+        _DIGESTS[key] = sha256_file(path)
     return _DIGESTS[key]
 
 
@@ -242,6 +240,25 @@ def check_triton_file(path: Path) -> None:
 # --- loading: runs vLLM's code ------------------------------------------------------------------
 
 _LIBRARY_STATE: dict[str, str | None] = {}  # resolved path -> None (loaded, op present) or the refusal
+# resolved path -> sha256 of the bytes read immediately before this process loaded (ops) or imported
+# (triton) the file, or None when the op was already registered and alibi loaded nothing.
+_LOADED_SHA256: dict[str, str | None] = {}
+
+
+def load_record(path: Path) -> dict[str, Any] | None:
+    """What this process loaded from `path`: `{"sha256", "by"}`, None if it has not loaded it yet."""
+    key = str(Path(path).resolve())
+    if key not in _LOADED_SHA256:
+        return None
+    if _LOADED_SHA256[key] is None:
+        return {"sha256": None, "by": "nobody here: the op was already registered in this process"}
+    return {"sha256": _LOADED_SHA256[key], "by": "alibi"}
+
+
+def loaded_sha256(path: Path) -> str | None:
+    """sha256 of `path`'s bytes as digested right before this process loaded or imported it; None
+    if it has not (or, for the op library, if the op was registered by someone else first)."""
+    return _LOADED_SHA256.get(str(Path(path).resolve()))
 
 
 def op_registered() -> bool:
@@ -268,7 +285,12 @@ def load_op_library(path: Path) -> Callable[..., Any]:
             raise KernelUnavailable(_LIBRARY_STATE[key])
         return getattr(torch.ops._C, OP_NAME)
     check_op_library(Path(path))
-    if not op_registered():
+    if op_registered():
+        _LOADED_SHA256[key] = None  # registered by someone else (vLLM imported elsewhere): nothing loaded here
+    else:
+        # Digested uncached, immediately before dlopen of the same path: the digest of the bytes
+        # loaded (a file swapped in between would need write access to vLLM's install).
+        _LOADED_SHA256[key] = sha256_file(Path(key))
         try:
             torch.ops.load_library(key)
         except (OSError, RuntimeError) as exc:
@@ -276,8 +298,10 @@ def load_op_library(path: Path) -> Callable[..., Any]:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(exc).__name__
             hint = "" if torch.version.cuda else "; vLLM's op library needs a CUDA build of torch"
             _LIBRARY_STATE[key] = f"cannot load vLLM's op library {path}: {first}{hint}"
+            _LOADED_SHA256.pop(key, None)
             raise KernelUnavailable(_LIBRARY_STATE[key]) from None
         if not op_registered():
+            _LOADED_SHA256.pop(key, None)
             _LIBRARY_STATE[key] = (f"{path} loaded but registers no _C::{OP_NAME} op: it is not vLLM's op library; "
                                    f"point {ENV_OPS} at vllm/{OP_LIBRARY}")
             raise KernelUnavailable(_LIBRARY_STATE[key])
@@ -308,7 +332,7 @@ def load_triton_module(path: Path) -> types.ModuleType:
     if key in _TRITON_MODULES:
         return _TRITON_MODULES[key]
     check_triton_file(Path(path))
-    name = f"alibi_vllm_triton_scaled_mm_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    name = f"alibi_vllm_triton_scaled_mm_{sha256_bytes(key.encode())[:12]}"
     spec = importlib.util.spec_from_file_location(name, key)
     if spec is None or spec.loader is None:
         raise KernelUnavailable(f"cannot import {path} as a Python module")
@@ -321,10 +345,12 @@ def load_triton_module(path: Path) -> types.ModuleType:
             raise KernelUnavailable(f"vLLM's Triton kernel needs triton, which does not import here ({exc}); "
                                     "pip install 'triton>=3.3'") from None
     sys.modules[name] = module  # triton.jit reads the source through the module's file
+    _LOADED_SHA256[key] = sha256_file(Path(key))  # the bytes about to be imported
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - foreign code: any failure to import is a refusal
         sys.modules.pop(name, None)
+        _LOADED_SHA256.pop(key, None)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise KernelUnavailable(f"importing vLLM's Triton file {path} failed: {type(exc).__name__}: {first}") from None
     finally:
@@ -332,6 +358,7 @@ def load_triton_module(path: Path) -> types.ModuleType:
             sys.modules.pop("vllm.triton_utils", None)
     if not callable(getattr(module, TRITON_FUNCTION, None)):
         sys.modules.pop(name, None)
+        _LOADED_SHA256.pop(key, None)
         raise KernelUnavailable(f"{path} has no callable {TRITON_FUNCTION} after import: it is not vLLM's file")
     _TRITON_MODULES[key] = module
     return module
@@ -435,14 +462,18 @@ class VllmKernel(Kernel):
                       f"({found.path}) on {torch.cuda.get_device_name()}")
 
     def build_digest(self) -> str:
-        """The code that runs: sha256 of vLLM's op library or Triton file."""
-        return self.vllm_file().sha256
+        """The code that runs: sha256 of vLLM's op library or Triton file as this process loaded it
+        (digested right before loading), else of the file that would be loaded."""
+        found = self.vllm_file()
+        return loaded_sha256(found.path) or found.sha256
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
         try:
-            ev["vllm"] = {self.role: self.vllm_file().evidence()}
-            ev["build_digest"] = self.build_digest()
+            found = self.vllm_file()
+            ev["vllm"] = {self.role: found.evidence()}
+            ev["loaded"] = load_record(found.path)
+            ev["build_digest"] = {"sha256": self.build_digest()}  # a DigestSet: manifests record evidence
         except KernelUnavailable as exc:
             ev["vllm"] = {self.role: None, "unavailable": str(exc)}
         ev["vllm_linear_kernels"] = list(self.vllm_linear_kernels)

@@ -144,6 +144,31 @@ def test_without_vllm_the_triton_file_sees_a_stub_that_is_removed_after_the_impo
     assert "vllm.triton_utils" not in sys.modules and "vllm" not in sys.modules
 
 
+def test_the_build_digest_is_of_the_triton_file_as_imported_even_after_the_file_on_disk_changes(
+        no_vllm, monkeypatch, tmp_path):
+    import hashlib
+
+    path = tmp_path / "triton_scaled_mm.py"
+    imported = "def triton_scaled_mm(*args):\n    return 'imported'\n"
+    path.write_text(imported)
+    monkeypatch.setenv(V.ENV_TRITON, str(path))
+    kernel = get_kernel("vllm-triton")
+    assert kernel.evidence()["loaded"] is None  # nothing imported yet: the file on disk is all there is
+    V.load_triton_module(path)
+    path.write_text("def triton_scaled_mm(*args):\n    return 'edited later'\n")
+    os.utime(path, ns=(0, 10**18))  # a different mtime, so the on-disk digest cache sees a new file
+    want = hashlib.sha256(imported.encode()).hexdigest()
+    ev = kernel.evidence()
+    assert kernel.build_digest() == want == ev["build_digest"]["sha256"] == ev["loaded"]["sha256"]
+    assert ev["vllm"]["triton"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() != want
+    # the evidence goes into manifests, whose `*_digest` keys must be DigestSets: a bare hex was refused
+    from alibi.governance.manifest import build_predicate, build_statement, statement_problems, treatment_of
+
+    predicate = build_predicate(arms={"b": treatment_of(kernel, "b")}, created_at="2000-01-01T00:00:00Z")
+    assert predicate["arms"]["b"]["kernel_build_digest"] == {"sha256": want}
+    assert statement_problems(build_statement("report", predicate, [])) == []
+
+
 @pytest.fixture
 def fake_installed_vllm(monkeypatch, tmp_path):
     """A package named vllm on sys.path, with its own triton_utils and the two files where vLLM has them."""
@@ -391,5 +416,6 @@ def test_the_evidence_names_the_vllm_release_and_the_digests_of_the_files_that_r
         ev = kernel.run(tile).evidence
         (record,) = [v for k, v in ev["vllm"].items() if k in ("ops", "triton")]
         assert record["vllm_version"] == V.PINNED_VERSION
-        assert record["sha256"] == ev["build_digest"] == V.file_sha256(Path(record["path"]))
+        assert record["sha256"] == ev["build_digest"]["sha256"] == V.file_sha256(Path(record["path"]))
+        assert ev["loaded"] == {"sha256": record["sha256"], "by": "alibi"}
         assert ev["last_run"]["M"] == tile.M
