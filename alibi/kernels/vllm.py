@@ -584,6 +584,12 @@ class VllmTritonKernel(VllmKernel):
         M, N = a_q.shape[0], w_q.shape[0]
         if bias is not None and tuple(bias.shape) != (N,):
             raise InputError(f"kernel {self.name!r}: bias must have shape [{N}], got {list(bias.shape)}")
+        if bias is not None and bias.dtype != out_dtype:
+            # vLLM's kernel adds the bias after the output cast and fails to compile otherwise (seen on
+            # the H200 with an fp32 bias and bf16 output); vLLM itself always passes it in the output dtype.
+            raise InputError(f"kernel {self.name!r}: vLLM's triton_scaled_mm adds the bias in the output dtype; got a "
+                             f"{str(bias.dtype).removeprefix('torch.')} bias for "
+                             f"{str(out_dtype).removeprefix('torch.')} output: give the bias as {str(out_dtype).removeprefix('torch.')}")
         self.last_run = {"op": TRITON_FUNCTION, "M": M,
                          "bias_dtype": None if bias is None else str(bias.dtype).removeprefix("torch.")}
         if M == 0:  # vLLM's launcher asserts M > 0

@@ -277,6 +277,20 @@ def test_each_kernel_names_the_vllm_class_that_runs_its_code():
     assert V.kernel_for_vllm_class("MarlinFP8ScaledMMLinearKernel") is None
 
 
+def test_vllm_triton_refuses_a_bias_not_in_the_output_dtype_before_calling_vllm(monkeypatch):
+    """vLLM's triton_scaled_mm adds the bias after the output cast and fails to compile with, e.g., an
+    fp32 bias for bf16 output (seen on the H200): the kernel refuses it with one line instead."""
+    kernel = V.VllmTritonKernel()
+    called = []
+    monkeypatch.setattr(kernel, "function", lambda: called.append(1) or (lambda *a: None))
+    monkeypatch.setattr(V, "check_operands", lambda *a: None)  # CUDA-only operand check; tested on the GPU
+    a_q, w_q = torch.ones(2, 16, dtype=torch.int8), torch.ones(3, 16, dtype=torch.int8)
+    with pytest.raises(InputError, match="bias in the output dtype.*give the bias as bfloat16"):
+        kernel.scaled_mm(a_q, torch.ones(2), w_q, torch.ones(3), torch.zeros(3, dtype=torch.float32),
+                         torch.bfloat16)
+    assert called == []
+
+
 # --- CPU: vLLM's real Triton file under the interpreter -------------------------------------------
 
 class _InterpretedVllmTriton(Kernel):
