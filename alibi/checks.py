@@ -13,76 +13,17 @@ epilogue model bit for bit catches every one of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from alibi.emulator import Prediction, int32_wrap
 from alibi.numerics import bitwise_equal_mask, is_pow2, ulp_distance
+from alibi.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 
-# Check identifiers, in report order, with the paper's number where it has one.
-CHECKS: dict[str, str] = {
-    "shared-operands": "1. both arms received bitwise-identical operands and scales",
-    "int32-no-overflow": "2. the int32 accumulator cannot wrap at this K",
-    "lossless-fp32-entry": "3. every accumulator is ≤ 2^24 and enters fp32 exactly",
-    "exact-accumulator": "4. exposed int32 accumulators equal the exact reference",
-    "pow2-identity": "5. under power-of-two weight scales the outputs are bitwise equal",
-    "real-scale-tolerance": "6. under real scales the outputs differ by at most the ulp threshold",
-    "token-level-risk": "7. teacher-forced token flip rate within the workload's bound",
-    "epilogue-model": "each arm's output equals its declared epilogue model bit for bit",
-    "m-invariance": "a row's output does not depend on M or on the row's position",
-    "run-to-run": "each arm gives the same bits when run twice",
-}
-EXACT = {name: name not in ("real-scale-tolerance", "token-level-risk") for name in CHECKS}
-DEFAULT_ULP_THRESHOLD = 1
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One check's outcome on one unit of evidence (a tile under one scale regime, or a summary).
-
-    fired: the check found a violation; applicable: its inputs exist and its precondition holds
-    (when False, `fired` is False and the check decided nothing); exact: an exact (bitwise or
-    integer) check rather than a tolerance check; threshold: the tolerance, for tolerance checks;
-    detail: one human-readable sentence; evidence: the numbers behind it.
-    """
-
-    check: str
-    fired: bool
-    applicable: bool
-    detail: str
-    threshold: float | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def exact(self) -> bool:
-        return EXACT[self.check]
-
-    @property
-    def status(self) -> str:
-        return "inapplicable" if not self.applicable else ("fired" if self.fired else "passed")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "fired": self.fired, "applicable": self.applicable, "exact": self.exact,
-                "status": self.status, "threshold": self.threshold, "detail": self.detail,
-                "evidence": self.evidence}
-
-
-def fired(check: str, detail: str, **kw: Any) -> Verdict:
-    """A verdict for a check that found a violation."""
-    return Verdict(check, True, True, detail, **kw)
-
-
-def passed(check: str, detail: str, **kw: Any) -> Verdict:
-    """A verdict for an applicable check that found nothing."""
-    return Verdict(check, False, True, detail, **kw)
-
-
-def inapplicable(check: str, detail: str, **kw: Any) -> Verdict:
-    """A verdict for a check whose inputs are missing or whose precondition fails (never a pass)."""
-    return Verdict(check, False, False, detail, **kw)
-
+__all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
 def _first_mismatch(mask_differs: torch.Tensor) -> list[int] | None:
     idx = mask_differs.nonzero()
@@ -101,6 +42,8 @@ def shared_operands(operands_a: dict[str, torch.Tensor | None], operands_b: dict
         a, b = operands_a.get(key), operands_b.get(key)
         if a is None and b is None:
             continue
+        if a is not None and b is not None and a.device != b.device:  # arms on different devices
+            b = b.to(a.device)
         same = a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape and bool(
             (a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
         if not same:
@@ -171,18 +114,27 @@ def _normal_range_mask(reference_fp32: torch.Tensor) -> torch.Tensor:
 
 
 def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, int32_safe: bool,
-                  reference_fp32: torch.Tensor | None) -> Verdict:
+                  reference_fp32: torch.Tensor | None, *, bias: bool = False,
+                  bias_modes: tuple[str | None, str | None] = (None, None)) -> Verdict:
     """Fires when, under power-of-two weight scales, the outputs differ in any bit.
 
     For finite normal results `rnd(x)·2ᵏ = rnd(x·2ᵏ)`, so every scale order gives the same fp32
     and the outputs must be bitwise equal. Elements whose exact epilogue value is subnormal or
     overflows are excluded (commutation fails there), and are counted in the evidence.
-    Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap.
+    Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap, and —
+    with a bias — unless both arms declare the same bias handling: the identity is about scale
+    orders; a fused bias and a bias added after the cast round differently whatever the scales,
+    and those differences are judged against the declared models (`predicted_differences`).
     """
     if not bool(is_pow2(s_w).all()):
         return inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
     if not int32_safe:
         return inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
+    if bias and (None in bias_modes or bias_modes[0] != bias_modes[1]):
+        why = ("an arm declares no epilogue model, so its bias handling is unknown" if None in bias_modes
+               else f"the arms declare different bias handling ({bias_modes[0]} vs {bias_modes[1]}): the identity "
+                    "covers scale orders only, so these tiles are judged by predicted-differences")
+        return inapplicable("pow2-identity", why, evidence={"reason": "bias-handling", "bias_modes": list(bias_modes)})
     considered = torch.ones_like(out_a, dtype=torch.bool) if reference_fp32 is None else _normal_range_mask(reference_fp32)
     differs = ~bitwise_equal_mask(out_a, out_b) & considered
     ev = {"n_elements": out_a.numel(), "n_excluded_subnormal_or_overflow": int((~considered).sum()),
@@ -194,25 +146,72 @@ def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, i
     return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
 
 
+# Significand bits (with the implicit one) of the output dtypes: an element whose exact value lies
+# below 2^-p of the tile's largest exact |value| is "near zero" — its value is of the size of one
+# rounding step of the large outputs, so cancellation (a bias against the product) can move it
+# across zero and its ulp distance says nothing about the kernel.
+SIGNIFICAND_BITS = {"bfloat16": 8, "float16": 11}
+
+
+@dataclass(frozen=True)
+class NearZero:
+    """The near-zero split of one unit (see `near_zero`): floor, elements below it, how many of them
+    differ, and the ulp / relative statistics over the elements above it."""
+
+    floor: float | None
+    n_near_zero: int | None
+    n_differing_near_zero: int | None
+    max_ulp_above_floor: int | None
+    max_rel_diff_above_floor: float | None
+
+
+def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None, out_dtype: str) -> NearZero:
+    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N])."""
+    if exact is None or exact.numel() == 0:
+        return NearZero(None, None, None, None, None)
+    mag = exact.abs()
+    finite_mag = mag[torch.isfinite(mag)]
+    top = float(finite_mag.max()) if finite_mag.numel() else 0.0
+    floor = math.ldexp(top, -SIGNIFICAND_BITS[out_dtype])
+    near = mag < floor
+    differs = ~bitwise_equal_mask(out_a, out_b)
+    d = ulp_distance(out_a, out_b)
+    above = (d >= 0) & ~near
+    ulp = d[above]
+    rel = ((out_a.double() - out_b.double()).abs() / mag)[above & differs]
+    return NearZero(floor, int(near.sum()), int((near & differs).sum()),
+                    int(ulp.max()) if ulp.numel() else None,
+                    float(rel.max()) if rel.numel() else (0.0 if bool(above.any()) else None))
+
+
 def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: bool,
-                         threshold: int = DEFAULT_ULP_THRESHOLD) -> Verdict:
-    """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ."""
+                         threshold: int = DEFAULT_ULP_THRESHOLD, near: torch.Tensor | None = None) -> Verdict:
+    """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ.
+
+    near: elements whose exact value is near zero (`near_zero`); they are not held to the ulp
+    threshold — their distances are reported apart — because their ulps measure cancellation, not
+    the kernels (the epilogue-model check still holds every one of them to the declared bits).
+    """
     if not real_regime:
         return inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
     d = ulp_distance(out_a, out_b)
     finite = d >= 0
+    judged = finite if near is None else finite & ~near
     nonfinite_mismatch = ~finite & ~bitwise_equal_mask(out_a, out_b)
-    max_ulp = int(d[finite].max()) if bool(finite.any()) else None
-    ev = {"max_ulp": max_ulp, "n_over_threshold": int((d > threshold).sum()),
+    max_ulp = int(d[judged].max()) if bool(judged.any()) else None
+    ev = {"max_ulp": max_ulp, "n_over_threshold": int((judged & (d > threshold)).sum()),
           "n_nonfinite_mismatch": int(nonfinite_mismatch.sum())}
+    if near is not None:
+        near_d = d[finite & near]
+        ev.update(n_near_zero=int(near.sum()), max_ulp_near_zero=int(near_d.max()) if near_d.numel() else None)
     if max_ulp is None and not bool(nonfinite_mismatch.any()):
         return inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
                              evidence=ev)
     if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
         return fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
                       f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
-    return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}", threshold=threshold,
-                   evidence=ev)
+    return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}"
+                  + (" above the near-zero floor" if near is not None else ""), threshold=threshold, evidence=ev)
 
 
 # 7 -------------------------------------------------------------------------------------------
@@ -262,6 +261,31 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
     return passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
 
 
+def predicted_differences(observed: torch.Tensor, predicted: torch.Tensor | None, why_not: str = "",
+                          cause: str | None = None) -> Verdict:
+    """Fires when the elements where the arms differ are not exactly those where their declared models do.
+
+    observed: the [M,N] mask of elements whose bits differ between the arms; predicted: the mask
+    where the two declared models applied to the exact accumulator differ (None: inapplicable,
+    `why_not` says why). A difference the models do not predict is a finding of its own, and so is
+    a predicted difference that did not happen.
+    """
+    if predicted is None:
+        return inapplicable("predicted-differences", why_not)
+    unpredicted = observed & ~predicted
+    missing = predicted & ~observed
+    ev = {"n_predicted": int(predicted.sum()), "n_observed": int(observed.sum()),
+          "n_unpredicted": int(unpredicted.sum()), "n_predicted_not_observed": int(missing.sum()), "cause": cause}
+    if ev["n_unpredicted"] or ev["n_predicted_not_observed"]:
+        ev["first"] = _first_mismatch(unpredicted | missing)
+        return fired("predicted-differences", f"{ev['n_unpredicted']} differing elements the declared models do not "
+                     f"predict, {ev['n_predicted_not_observed']} predicted differences absent", evidence=ev)
+    if not ev["n_predicted"]:
+        return passed("predicted-differences", "the declared models agree here, and so do the arms", evidence=ev)
+    return passed("predicted-differences", f"the arms differ exactly where their declared models do "
+                  f"({ev['n_predicted']} elements; cause: {cause})", evidence=ev)
+
+
 def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
     """Fires when a row computed inside a smaller M (1, 4, 16 rows, various positions) differs from the same row
     computed inside the full tile. `subsets[arm]` holds (row indices, output rows) pairs."""
@@ -294,20 +318,3 @@ def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) 
         return fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
                       evidence={"n_differing": bad})
     return passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(first)})
-
-
-def combine(verdicts: list[Verdict]) -> Verdict:
-    """One summary verdict for a check over many units: fired if any unit fired, applicable if any applied."""
-    check = verdicts[0].check
-    applicable = [v for v in verdicts if v.applicable]
-    fired = [v for v in applicable if v.fired]
-    threshold = next((v.threshold for v in verdicts if v.threshold is not None), None)
-    ev = {"units": len(verdicts), "applicable": len(applicable), "fired": len(fired),
-          "inapplicable": len(verdicts) - len(applicable)}
-    if not applicable:
-        reasons = sorted({v.detail for v in verdicts})
-        return Verdict(check, False, False, "inapplicable: " + "; ".join(reasons[:3]), threshold, ev)
-    if fired:
-        return Verdict(check, True, True, f"fired on {len(fired)} of {len(applicable)} applicable units; first: "
-                       f"{fired[0].detail}", threshold, ev)
-    return Verdict(check, False, True, f"passed on all {len(applicable)} applicable units", threshold, ev)

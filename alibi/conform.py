@@ -1,47 +1,51 @@
-"""The conformance procedure: two kernels, many tiles, two scale regimes, every check.
+"""The conformance pipeline: two kernels, a tile source, two scale regimes, every check, one report.
 
-Data flow per unit (one tile under one regime): apply the regime (real scales, or weight scales
-rounded to powers of two) → exact emulation (accumulator, headroom, prediction) → run arm A and
-arm B on private copies of the operands → run each arm's declared epilogue model → checks. In
-the real regime each arm also runs on row subsets (M-invariance) and a second time (run-to-run);
-those are properties of the kernel, not of the scales, so the pow2 regime does not repeat them.
+`run_conformance` is the one procedure behind `alibi conform`, `alibi run` and
+`alibi.testing.assert_interchangeable`. Per tile, once (`prepare`): the operands on the check
+device, the exact accumulator and the headroom prediction — neither depends on the scales, so both
+regimes share them — and each arm's exposed accumulator when a check reads it. Per unit (one tile
+under one regime: real scales, or weight scales rounded to powers of two): both arms run on private
+copies of the operands, each arm's declared epilogue model runs on the exact accumulator, the two
+models predict where the arms must differ, and every check is applied (`evaluate_unit`). In the
+real regime each arm also runs on row subsets (M-invariance) and a second time (run-to-run).
 
-A unit's result is a plain JSON-able dict, so long runs can persist units one by one and resume
-(see `alibi.experiment`); `summarize` folds units into the report.
+The check device is the GPU when there is one: the exact accumulator is then one fp64 GEMM
+(cuBLAS DGEMM, exact for these integers and a different path from the int8 kernels under test) and
+the epilogue models run there in IEEE fp32 (`alibi.emulator`); on the CPU they run as before.
+
+Units are kept, when a units folder is given, one file each, written atomically as they finish,
+with a `plan.json` naming what the run is; `resume=True` continues a killed run from them and gives
+the bytes an uninterrupted run gives (the first start's `created_at` is kept; `SOURCE_DATE_EPOCH`
+fixes it for reproducible builds).
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from alibi import checks
+from alibi import atomic, checks
 from alibi.differences import differing_elements
-from alibi.emulator import (
-    EpilogueModel,
-    apply_epilogue,
-    exact_accumulator,
-    predict_tile,
-)
-from alibi.errors import InputError
+from alibi.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
+from alibi.errors import InputError, one_line
 from alibi.kernels import Kernel, get_kernel
-from alibi.numerics import (
-    bitwise_equal_mask,
-    dtype_name,
-    is_subnormal,
-    max_ulp_distance,
-    pow2_round,
-)
+from alibi.kernels.base import private_copy
+from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
+from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tile import Tile
 from alibi.token_risk import ReplayEvidence
 
-SCHEMA = "alibi.conform/v1"
 REGIMES = ("real", "pow2")
 SUB_BATCH_SIZES = (1, 4, 16)
+UNIT_SCHEMA = "alibi.conform-unit/v1"
+PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -106,114 +110,292 @@ def sub_batches(M: int) -> list[list[int]]:
     return rows
 
 
-def _operands(tile: Tile) -> dict[str, torch.Tensor | None]:
-    return {"a_q": tile.a_q, "s_a": tile.s_a, "w_q": tile.w_q, "s_w": tile.s_w, "bias": tile.bias}
+# --- the tile source ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TileSource:
+    """The tiles of a run, how the report describes them (`record`), and the manifest resource that pins
+    them (`resource`: `{"name", "digest": {"sha256"}}`), digested from the bytes the tiles were read from."""
+
+    tiles: tuple[Tile, ...] = field(repr=False)
+    record: dict[str, Any]
+    resource: dict[str, Any]
 
 
-def _private_copy(tile: Tile) -> Tile:
-    return tile.replace(**{k: (None if v is None else v.clone()) for k, v in _operands(tile).items()})
+def tiles_sha256(tiles: Iterable[Tile]) -> str:
+    """One digest over an ordered list of tiles: the listing of each tile's serialized bytes by name."""
+    from alibi.digests import sha256_bytes, sha256_listing
+    from alibi.tile import tile_bytes
+
+    return sha256_listing((t.name, sha256_bytes(tile_bytes(t))) for t in tiles)
 
 
-def _model_output(kernel: Kernel, acc: torch.Tensor | None, tile: Tile) -> tuple[str | None, torch.Tensor | None]:
-    if kernel.epilogue is None:
-        return None, None
-    if acc is None:
-        return kernel.epilogue.name, None
-    return kernel.epilogue.name, apply_epilogue(kernel.epilogue, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
+def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
+    """The tiles of a folder; every file is digested as it is read (tiles once, through `read_tile_dir`),
+    before anything runs, so the folder digest pins the bytes that were checked."""
+    from alibi.digests import sha256_file, sha256_listing
+    from alibi.governance.manifest import digest_set, folder_files
+    from alibi.tile import read_tile_dir
+
+    folder = Path(folder)
+    read = read_tile_dir(folder)
+    digests = [(rel, read[rel][1] if rel in read else sha256_file(folder / rel)) for rel in folder_files(folder)]
+    tiles = tuple(t for t, _ in read.values())
+    record = {"label": label or f"tiles in {folder}", "kind": "tiles", "path": str(folder), "n_tiles": len(tiles)}
+    return TileSource(tiles, record, {"name": str(folder), "digest": digest_set(sha256_listing(digests))})
 
 
-def evaluate_unit(kernel_a: Kernel, kernel_b: Kernel, tile: Tile, regime: str, *,
-                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True) -> dict[str, Any]:
-    """Run both arms on one tile under one regime and every check; a JSON-able result."""
-    t = apply_regime(tile, regime)
-    int8 = t.fmt == "int8"
-    acc = exact_accumulator(t.a_q, t.w_q) if int8 else None
-    pred = predict_tile(t, acc) if int8 else None
-    ta, tb = _private_copy(t), _private_copy(t)
-    run_a, run_b = kernel_a.run(ta), kernel_b.run(tb)
-    out_a, out_b = run_a.out, run_b.out
-    for label, out in (("a", out_a), ("b", out_b)):
-        if out.shape != (t.M, t.N) or out.dtype != t.out_dtype:
-            kernel = kernel_a if label == "a" else kernel_b
-            raise InputError(f"kernel {kernel.name!r} returned {dtype_name(out.dtype)}{list(out.shape)} for tile "
-                             f"{t.name!r}; expected {dtype_name(t.out_dtype)}[{t.M}, {t.N}]")
-    reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), acc, t.s_a, t.s_w, None, torch.float32)
-                      if acc is not None else None)
-    # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator
-    # itself rounds in an implementation-defined order, so an arm can only be held to its declared
-    # epilogue applied to its *own* exposed fp32 accumulator (unjudged when it exposes none).
-    model_a = _model_output(kernel_a, acc if int8 else run_a.acc, t)
-    model_b = _model_output(kernel_b, acc if int8 else run_b.acc, t)
-    verdicts = [
-        checks.shared_operands(_operands(ta), _operands(tb)),
-        checks.int32_no_overflow(pred, t.K),
-        checks.lossless_fp32_entry(pred),
-        checks.exact_accumulator(acc, run_a.acc, run_b.acc),
-        checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32) if int8 else
-        checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
-        checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold),
-        checks.token_level_risk(),
-        checks.epilogue_model({"a": (model_a[0], out_a, model_a[1]), "b": (model_b[0], out_b, model_b[1])}),
-    ]
+def source_from_preset(preset: str, seed: int = 0, rows: int | None = None) -> TileSource:
+    """The tiles a synthetic preset draws for `seed` (`rows` overrides its M)."""
+    from alibi.governance.manifest import digest_set
+    from alibi.synthetic import synthetic_tiles
+
+    tiles = tuple(synthetic_tiles(preset, seed=seed, M=rows))
+    record = {"label": f"synthetic preset {preset} (seed {seed})", "kind": "synthetic", "preset": preset,
+              "rows": tiles[0].M, "n_tiles": len(tiles)}
+    return TileSource(tiles, record, {"name": f"synthetic:{preset}", "digest": digest_set(tiles_sha256(tiles))})
+
+
+def source_from_tiles(tiles: Iterable[Tile], label: str = "tiles given in code") -> TileSource:
+    from alibi.governance.manifest import digest_set
+
+    tiles = tuple(tiles)
+    return TileSource(tiles, {"label": label, "kind": "tiles", "n_tiles": len(tiles)},
+                      {"name": "tiles", "digest": digest_set(tiles_sha256(tiles))})
+
+
+# --- one tile, prepared once ----------------------------------------------------------------------
+
+def check_device() -> torch.device:
+    """Where the exact reference, the models and the checks run: the GPU when there is one."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@dataclass
+class PreparedTile:
+    """A tile on the check device with what both regimes share: the exact accumulator and prediction
+    (int8), and each arm's exposed accumulator once a check has asked for it."""
+
+    tile: Tile
+    acc: torch.Tensor | None
+    pred: Prediction | None
+    exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
+
+
+class StageTimer:
+    """Wall seconds per pipeline stage (kernels, reference, checks, io), for `alibi bench conform`.
+
+    Timing a GPU stage needs a synchronize at its end; the pipeline only synchronizes when a timer is
+    given, so a plain run pays nothing for it."""
+
+    STAGES = ("kernels", "reference", "checks", "io")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - t0
+
+
+@contextmanager
+def _untimed(_name: str) -> Iterator[None]:
+    yield
+
+
+def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -> PreparedTile:
+    stage = timer.stage if timer else _untimed
+    with stage("io"):
+        t = private_copy(tile, device)
+    with stage("reference"):
+        if t.fmt != "int8":
+            return PreparedTile(t, None, None)
+        acc = exact_accumulator(t.a_q, t.w_q)
+        return PreparedTile(t, acc, predict_tile(t, acc))
+
+
+# --- one unit -------------------------------------------------------------------------------------
+
+def difference_cause(a: EpilogueModel, b: EpilogueModel, acc: torch.Tensor, tile: Tile) -> str | None:
+    """What in the two declared models makes them differ on this tile: `scale order`, `bias mode`, or both
+    (each part named only where it changes bits: the model with a's bias handling and b's order is
+    compared with each), None where the models agree everywhere."""
+    parts = []
+    if a.order != b.order:
+        mid = EpilogueModel(b.order, a.bias)
+        run = lambda m: apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)  # noqa: E731
+        out_a, out_mid, out_b = run(a), run(mid), run(b)
+        if not bool(bitwise_equal_mask(out_a, out_mid).all()):
+            parts.append("scale order")
+        if tile.bias is not None and a.bias != b.bias and not bool(bitwise_equal_mask(out_mid, out_b).all()):
+            parts.append("bias mode")
+    elif tile.bias is not None and a.bias != b.bias:
+        parts.append("bias mode")
+    return " and ".join(parts) or None
+
+
+def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
+    if out.shape != (t.M, t.N) or out.dtype != t.out_dtype:
+        raise InputError(f"kernel {kernel.name!r} returned {dtype_name(out.dtype)}{list(out.shape)} for tile "
+                         f"{t.name!r}; expected {dtype_name(t.out_dtype)}[{t.M}, {t.N}]")
+    return out.to(t.a_q.device)
+
+
+def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
+                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                  timer: StageTimer | None = None) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
+    """Run both arms on one prepared tile under one regime and apply every check.
+
+    Returns the unit's result and the evidence of each arm's launch that produced its output.
+    """
+    stage = timer.stage if timer else _untimed
+    kernel_a, kernel_b = pair.a, pair.b
+    t = apply_regime(prepared.tile, regime)
+    acc, pred, int8 = prepared.acc, prepared.pred, t.fmt == "int8"
+    dev = t.a_q.device
+    with stage("io"):
+        ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
+    # An exposed accumulator does not depend on the scales: each arm exposes it once per tile.
+    want = {arm: arm not in prepared.exposed for arm in ("a", "b")}
+    with stage("kernels"):
+        run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True)
+        run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True)
+    with stage("io"):
+        for arm, run in (("a", run_a), ("b", run_b)):
+            if want[arm]:
+                prepared.exposed[arm] = None if run.acc is None else run.acc.to(dev)
+        out_a, out_b = _arm_output(kernel_a, run_a.out, t), _arm_output(kernel_b, run_b.out, t)
+    ma, mb = kernel_a.epilogue, kernel_b.epilogue
+    with stage("reference"):
+        # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator
+        # itself rounds in an implementation-defined order, so an arm can only be held to its declared
+        # epilogue applied to its *own* exposed fp32 accumulator (unjudged when it exposes none).
+        def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
+            base = acc if int8 else prepared.exposed[arm]
+            if model is None or base is None:
+                return None
+            return apply_epilogue(model, base, t.s_a, t.s_w, t.bias, t.out_dtype)
+        expect_a = model_out(ma, "a")
+        expect_b = expect_a if (int8 and ma is not None and ma == mb) else model_out(mb, "b")
+        pow2_scales = int8 and bool(is_pow2(t.s_w).all())
+        reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), acc, t.s_a, t.s_w, None, torch.float32)
+                          if pow2_scales else None)
+        exact = None
+        if int8 and regime == "real":
+            exact = acc.to(torch.float64) * t.s_a.to(torch.float64).reshape(-1, 1) \
+                * t.s_w.to(torch.float64).reshape(1, -1)
+            if t.bias is not None:
+                exact = exact + t.bias.to(torch.float64).reshape(1, -1)
+    with stage("checks"):
+        differs = ~bitwise_equal_mask(out_a, out_b)
+        if not int8:
+            predicted, why_not, cause = None, f"{t.fmt} accumulation order is implementation-defined: the declared " \
+                "models predict no exact set of differences", None
+        elif ma is None or mb is None:
+            predicted, why_not, cause = None, "an arm declares no epilogue model", None
+        else:
+            predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
+            cause = difference_cause(ma, mb, acc, t) if bool(predicted.any()) else None
+        near = checks.near_zero(out_a, out_b, exact, dtype_name(t.out_dtype))
+        near_mask = None if exact is None else exact.abs() < near.floor
+        verdicts = [
+            checks.shared_operands(_operand_dict(ta), _operand_dict(tb)),
+            checks.int32_no_overflow(pred, t.K),
+            checks.lossless_fp32_entry(pred),
+            checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
+            checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
+                                 bias_modes=(ma.bias if ma else None, mb.bias if mb else None)) if int8 else
+            checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
+            checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold, near=near_mask),
+            checks.token_level_risk(),
+            checks.epilogue_model({"a": (ma.name if ma else None, out_a, expect_a),
+                                   "b": (mb.name if mb else None, out_b, expect_b)}),
+            checks.predicted_differences(differs, predicted, why_not, cause),
+        ]
     if regime == "real" and invariance:
-        arms = {"a": (kernel_a, out_a), "b": (kernel_b, out_b)}
-        subsets = {arm: [(rows, k.run(t.rows(torch.tensor(rows))).out) for rows in sub_batches(t.M)]
-                   for arm, (k, _) in arms.items()}
-        verdicts.append(checks.m_invariance({arm: out for arm, (_, out) in arms.items()}, subsets))
-        verdicts.append(checks.run_to_run({arm: out for arm, (_, out) in arms.items()},
-                                          {arm: k.run(_private_copy(t)).out for arm, (k, _) in arms.items()}))
+        with stage("kernels"):
+            subsets = {arm: [(rows, k.run(t.rows(torch.tensor(rows, device=dev)), on_device=True,
+                                          evidence=False).out.to(dev)) for rows in sub_batches(t.M)]
+                       for arm, k in (("a", kernel_a), ("b", kernel_b))}
+            again = {arm: k.run(private_copy(t, k.torch_device()), on_device=True, evidence=False).out.to(dev)
+                     for arm, k in (("a", kernel_a), ("b", kernel_b))}
+        with stage("checks"):
+            verdicts.append(checks.m_invariance({"a": out_a, "b": out_b}, subsets))
+            verdicts.append(checks.run_to_run({"a": out_a, "b": out_b}, again))
     else:
         why = "checked in the real-scale regime" if invariance else "disabled (--no-invariance)"
         verdicts.append(checks.inapplicable("m-invariance", why))
         verdicts.append(checks.inapplicable("run-to-run", why))
-    differs = ~bitwise_equal_mask(out_a, out_b)
-    summary = {
-        "tile": t.name, "regime": regime, "fmt": t.fmt, "M": t.M, "K": t.K, "N": t.N,
-        "out_dtype": dtype_name(t.out_dtype), "bias": t.bias is not None,
-        "n_elements": out_a.numel(), "n_differing": int(differs.sum()),
-        "max_ulp": max_ulp_distance(out_a, out_b), "bitwise_equal": not bool(differs.any()),
-        "differences": differing_elements(out_a, out_b).as_dict(),  # positions and values, capped
-        "max_abs_acc": pred.max_abs_acc if pred else None,
-        "headroom_bits": _finite_or_none(pred.headroom_bits) if pred else None,
-        "prediction": pred.prediction if pred else None,
-        "pow2_scales_changed": int((tile.s_w != t.s_w).sum()) if regime == "pow2" else 0,
-        "subnormal_scales": int(is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()),
-        "verdicts": {v.check: v.to_dict() for v in verdicts},
-    }
-    return summary
+    with stage("checks"):
+        n_differing = int(differs.sum())
+        explained = None if predicted is None else bool(torch.equal(differs, predicted))
+        unit = UnitResult(
+            tile=t.name, regime=regime, fmt=t.fmt, M=t.M, K=t.K, N=t.N, out_dtype=dtype_name(t.out_dtype),
+            bias=t.bias is not None, n_elements=out_a.numel(), n_differing=n_differing,
+            max_ulp=max_ulp_distance(out_a, out_b), bitwise_equal=n_differing == 0,
+            differences=differing_elements(out_a, out_b),
+            max_abs_acc=pred.max_abs_acc if pred else None,
+            headroom_bits=_finite_or_none(pred.headroom_bits) if pred else None,
+            prediction=pred.prediction if pred else None,
+            n_predicted=None if predicted is None else int(predicted.sum()), explained=explained,
+            cause=cause if explained else None,
+            near_zero_floor=near.floor, n_near_zero=near.n_near_zero, n_differing_near_zero=near.n_differing_near_zero,
+            max_ulp_above_floor=near.max_ulp_above_floor, max_rel_diff_above_floor=near.max_rel_diff_above_floor,
+            pow2_scales_changed=int((prepared.tile.s_w != t.s_w).sum()) if regime == "pow2" else 0,
+            subnormal_scales=int(is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()),
+            verdicts=tuple(verdicts))
+    return unit, {"a": run_a.evidence, "b": run_b.evidence}
+
+
+def _operand_dict(tile: Tile) -> dict[str, torch.Tensor | None]:
+    from alibi.kernels.base import operands
+
+    return operands(tile)
 
 
 def _finite_or_none(x: float) -> float | None:
     return None if x == float("inf") else x
 
 
-def _required_checks(units: list[dict[str, Any]]) -> list[str]:
-    regimes = {u["regime"] for u in units}
-    int8 = any(u["fmt"] == "int8" for u in units)
+# --- the report -----------------------------------------------------------------------------------
+
+def _required_checks(units: list[UnitResult]) -> list[str]:
+    regimes = {u.regime for u in units}
+    int8 = [u for u in units if u.fmt == "int8"]
     req = ["shared-operands", "epilogue-model"]
     if int8:
         req += ["int32-no-overflow", "lossless-fp32-entry"]
-        if "pow2" in regimes:
+        # Under pow2 scales the identity is required, except on tiles where the arms declare different
+        # bias handling: those rest on predicted-differences, which is then required instead.
+        pow2 = [u for u in int8 if u.regime == "pow2"]
+        bias_rested = [u for u in pow2 if u.verdict("pow2-identity").evidence.get("reason") == "bias-handling"]
+        if pow2 and len(bias_rested) < len(pow2):
             req.append("pow2-identity")
+        if bias_rested:
+            req.append("predicted-differences")
     if "real" in regimes:
         req.append("real-scale-tolerance")
     return req
 
 
-def summarize(units: list[dict[str, Any]], pair: Pair, *, source: dict[str, Any], seed: int | None,
-              regimes: Iterable[str], environment: dict[str, Any], created_at: str,
-              replay: ReplayEvidence | None = None) -> dict[str, Any]:
-    """Fold unit results into the report (the `report.json` document).
+def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], seed: int | None,
+              regimes: Iterable[str], environment: dict[str, Any], created_at: str | None,
+              evidence: dict[str, dict[str, Any]], replay: ReplayEvidence | None = None) -> Report:
+    """Fold unit results into the report. evidence: each arm's evidence of its last producing launch.
 
     replay: a flip analysis of the same pair (`--replay`); check 7 is then judged on it instead of
     being inapplicable on every tile, and the report records which file it used (`replay`).
     """
     combined = []
     for check in checks.CHECKS:
-        vs = [checks.Verdict(check, d["fired"], d["applicable"], d["detail"], d["threshold"], d["evidence"])
-              for d in (u["verdicts"][check] for u in units)]
         combined.append(replay.verdict() if replay is not None and check == "token-level-risk"
-                        else checks.combine(vs))
+                        else checks.combine([u.verdict(check) for u in units]))
     by_name = {v.check: v for v in combined}
     required = _required_checks(units) + (["token-level-risk"] if replay is not None else [])
     if any(v.fired for v in combined):
@@ -223,56 +405,26 @@ def summarize(units: list[dict[str, Any]], pair: Pair, *, source: dict[str, Any]
     else:
         verdict = "inconclusive"
     missing = [c for c in required if not by_name[c].applicable]
-    report = {
-        "schema": SCHEMA,
-        "created_at": created_at,  # the only wall-clock field: everything else is reproducible
-        "kernel_a": _kernel_record(pair.a),
-        "kernel_b": _kernel_record(pair.b),
-        "selection": pair.selection,
-        "verdict": verdict,
-        "equivalence": "bitwise" if all(u["bitwise_equal"] for u in units) else "not bitwise",
-        "inconclusive_because": [f"{c}: {by_name[c].detail}" for c in missing] if verdict == "inconclusive" else [],
-        "source": source,
-        "seed": seed,
-        "regimes": list(regimes),
-        "checks": [v.to_dict() for v in combined],
-        "tiles": units,
-        "environment": environment,
-    }
-    if replay is not None:
-        report["replay"] = replay.as_dict()
-    return report
+    return Report(
+        created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"]),
+        kernel_b=_kernel_record(pair.b, evidence["b"]), selection=pair.selection, verdict=verdict,
+        equivalence="bitwise" if all(u.bitwise_equal for u in units) else "not bitwise",
+        inconclusive_because=tuple(f"{c}: {by_name[c].detail}" for c in missing) if verdict == "inconclusive" else (),
+        source=source, seed=seed, regimes=tuple(regimes), checks=tuple(combined), tiles=tuple(units),
+        environment=environment, replay=None if replay is None else replay.as_dict())
 
 
-def _kernel_record(kernel: Kernel) -> dict[str, Any]:
+def _kernel_record(kernel: Kernel, evidence: dict[str, Any]) -> KernelRecord:
     ok, reason = kernel.available()
-    return {"name": kernel.name, "epilogue_model": kernel.epilogue.name if kernel.epilogue else None,
-            "available": ok, "how": reason, "evidence": kernel.evidence()}
+    return KernelRecord(kernel.name, kernel.epilogue.name if kernel.epilogue else None, ok, reason, evidence)
 
 
 def environment() -> dict[str, Any]:
-    """Versions and hardware this run used (recorded in every report)."""
-    import platform
+    """The environment record of this run: the one the folder's manifest carries too
+    (`alibi.governance.environment.environment_record`)."""
+    from alibi.governance.environment import environment_record
 
-    from alibi import __version__
-
-    env: dict[str, Any] = {"alibi": __version__, "python": platform.python_version(),
-                           "platform": platform.platform(), "torch": torch.__version__,
-                           "cuda_available": torch.cuda.is_available()}
-    from alibi.governance.environment import environment as machine
-
-    # CPU results depend on the CPU (model and int8-relevant ISA: alibi.governance.environment).
-    env["cpu"], env["cpu_isa"] = machine().cpu, list(machine().cpu_isa)
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
-        env["cuda"] = torch.version.cuda
-    return env
+    return environment_record()
 
 
 def progress_printer(stream=None) -> Callable[[int, int, str], None]:
@@ -283,35 +435,140 @@ def progress_printer(stream=None) -> Callable[[int, int, str], None]:
     return Progress("conform", stream=stream)
 
 
-def conform(pair: Pair, tiles: list[Tile], regimes: Iterable[str] = REGIMES, *, source: dict[str, Any],
-            seed: int | None = None, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
-            progress: Callable[[int, int, str], None] | None = None,
-            replay: ReplayEvidence | None = None) -> dict[str, Any]:
-    """The whole procedure over `tiles` × `regimes`; returns the report document.
+def created_now() -> str:
+    """The report's timestamp: now, or `SOURCE_DATE_EPOCH` when set (reproducible runs), UTC to the second."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is not None:
+        try:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
+        except (ValueError, OverflowError, OSError):
+            raise InputError(f"SOURCE_DATE_EPOCH={one_line(epoch)!r} is not a Unix time in seconds; unset it or "
+                             "give an integer") from None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    replay: the flip analysis check 7 is judged on (`alibi.token_risk`); it must be of this pair.
+
+def unit_id(index: int, tile_name: str, regime: str) -> str:
+    """`0003-real-layers.0.v_proj`: tile position, regime, and the tile name made file-safe."""
+    import re
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tile_name)[:80]
+    return f"{index:04d}-{regime}-{safe}"
+
+
+def _canonical(obj: Any) -> str:
+    from alibi.governance.manifest import canonical_json
+
+    return canonical_json(obj)
+
+
+def _read_unit(path: Path, tile: str, regime: str) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
+    from alibi import jsonio
+
+    try:
+        doc = jsonio.read(path)
+        text = path.read_bytes().decode("utf-8")
+        unit = UnitResult.from_dict(doc["unit"])
+        evidence = doc["evidence"]
+    except (InputError, OSError, UnicodeError, KeyError, TypeError, ValueError):
+        raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
+    if doc.get("schema") != UNIT_SCHEMA or _canonical(doc) != text or unit.tile != tile or unit.regime != regime:
+        raise InputError(f"{one_line(str(path))}: does not hold the result of this unit; delete it and resume")
+    return unit, evidence
+
+
+def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dict[str, Any]) -> dict[str, Any]:
+    """What a run is, for `--resume` to recognise it: the pair, the tiles (digest), the regimes and parameters,
+    the toolkit and the machine."""
+    from alibi.governance.environment import environment_record
+
+    return {"schema": "alibi.conform-plan/v1", "kernels": [pair.a.name, pair.b.name], "selection": pair.selection,
+            "source": source.record, "tiles": source.resource, "regimes": regimes, "parameters": parameters,
+            "environment": environment_record()}
+
+
+def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at: str | None) -> str | None:
+    """Create the units folder with its plan, or (resume) check that the folder continues this very plan;
+    returns the run's created_at (the first start's, when resuming)."""
+    from alibi import jsonio
+
+    plan_path = units_dir / PLAN_FILE
+    if resume and plan_path.is_file():
+        old = jsonio.read(plan_path)
+        if not isinstance(old, dict) or {k: v for k, v in old.items() if k != "created_at"} != plan:
+            raise InputError(f"{one_line(str(units_dir))}: cannot resume: that run was started with other kernels, "
+                             "tiles, regimes, parameters, toolkit or machine; run without --resume to start afresh")
+        return old.get("created_at")
+    if units_dir.exists():
+        import shutil
+
+        shutil.rmtree(units_dir)  # a fresh (non-resumed) run never takes units from an earlier one
+    units_dir.mkdir(parents=True)
+    atomic.write_text(plan_path, _canonical({**plan, "created_at": created_at}))
+    return created_at
+
+
+_NOW = object()
+
+
+def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REGIMES, *,
+                    units_dir: str | Path | None = None, resume: bool = False, seed: int | None = None,
+                    ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                    replay: ReplayEvidence | None = None, created_at: Any = _NOW,
+                    progress: Callable[[int, int, str], None] | None = None,
+                    timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
+                    device: torch.device | str | None = None) -> Report:
+    """The whole procedure over `source` × `regimes`; returns the report.
+
+    units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
+    the run a units folder holds (refused if its plan differs). created_at: the report's timestamp
+    (default: now, `created_now`; None for none). replay: the flip analysis check 7 is judged on (it
+    must be of this pair). timer: collects per-stage wall time (`alibi bench conform`). device: where
+    the exact reference, the models and the checks run (default `check_device()`); the bits do not
+    depend on it (`alibi bench conform` runs both and compares).
     """
     regimes = validate_regimes(regimes)
-    if not tiles:
+    if not source.tiles:
         raise InputError("no tiles to check")
     if replay is not None:
         replay.require_pair(pair.a.name, pair.b.name)
-    units = []
-    total = len(tiles) * len(regimes)
-    for tile in tiles:
-        for regime in regimes:
-            units.append(evaluate_unit(pair.a, pair.b, tile, regime, ulp_threshold=ulp_threshold,
-                                       invariance=invariance))
-            if progress:
-                u = units[-1]
-                progress(len(units), total, f"{tile.name} [{regime}] {u['n_differing']} differing, "
-                         f"max ulp {u['max_ulp']}")
-    return summarize(units, pair, source=source, seed=seed, regimes=regimes, environment=environment(),
-                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), replay=replay)
+    created = created_now() if created_at is _NOW else created_at
+    units_path = None if units_dir is None else Path(units_dir)
+    if units_path is not None:
+        params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
+        created = _start_units(units_path, run_plan(pair, source, regimes, params), resume, created)
+    device = check_device() if device is None else torch.device(device)
+    plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
+    units: list[UnitResult] = []
+    evidence: dict[str, dict[str, Any]] = {"a": pair.a.evidence(), "b": pair.b.evidence()}
+    prepared: PreparedTile | None = None
+    for n, (uid, tile, regime) in enumerate(plan, start=1):
+        path = None if units_path is None else units_path / f"{uid}.json"
+        if path is not None and path.exists():
+            unit, evidence = _read_unit(path, tile.name, regime)
+            note = "done earlier"
+        else:
+            if prepared is None or prepared.tile.name != tile.name:
+                prepared = prepare(tile, device, timer)
+            unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
+                                           invariance=invariance, timer=timer)
+            if path is not None:
+                atomic.write_text(path, _canonical({"schema": UNIT_SCHEMA, "unit": unit.as_dict(),
+                                                    "evidence": evidence}))
+            note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
+        units.append(unit)
+        if progress:
+            progress(n, len(plan), f"{tile.name} [{regime}] {note}")
+    return summarize(units, pair, source=source.record, seed=seed, regimes=regimes, environment=environment(),
+                     created_at=created, evidence=evidence, replay=replay)
 
 
-def exit_code(report: dict[str, Any], strict: bool = False) -> int:
+def exit_code(report: Report, strict: bool = False) -> int:
     """0 when every applicable check passed (1 for inconclusive under `strict`), 1 when a check fired."""
-    if report["verdict"] == "fail":
+    if report.verdict == "fail":
         return 1
-    return 1 if (strict and report["verdict"] == "inconclusive") else 0
+    return 1 if (strict and report.verdict == "inconclusive") else 0
+
+
+__all__ = ["REGIMES", "SCHEMA", "Pair", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "evaluate_unit",
+           "exit_code", "prepare", "run_conformance", "source_from_dir", "source_from_preset", "source_from_tiles",
+           "summarize"]

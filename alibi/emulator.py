@@ -78,13 +78,18 @@ EXACT_FP32_CHUNK = FP32_EXACT_LIMIT // 2**14  # 1024 products of magnitude ≤ 2
 
 
 def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
-    """The exact accumulator `a_q @ w_qᵀ` as int64 [M,N] (chunked fp32 GEMMs; see module docstring).
+    """The exact accumulator `a_q @ w_qᵀ` as int64 [M,N], on the operands' device.
 
-    Dtype conversions go through numpy: torch's CPU int8→float and float→int64 casts are not
-    vectorized and cost more than the GEMM itself at these shapes.
+    On a GPU: one fp64 GEMM (cuBLAS DGEMM, a different path from the int8 kernels under test), exact
+    because every partial sum is an integer below 2⁵³ whatever the order (K ≤ 2³⁹). On the CPU:
+    chunked fp32 GEMMs (module docstring); dtype conversions go through numpy there, because
+    torch's CPU int8→float and float→int64 casts are not vectorized and cost more than the GEMM.
     """
     if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
         raise InputError(f"exact_accumulator needs int8 operands, got {a_q.dtype} and {w_q.dtype}")
+    if a_q.device.type == "cuda":
+        w_q = w_q.to(a_q.device)
+        return (a_q.to(torch.float64) @ w_q.to(torch.float64).T).to(torch.int64)
     a, w = a_q.detach().cpu().numpy(), w_q.detach().cpu().numpy()
     if torch.get_float32_matmul_precision() != "highest":
         acc64 = torch.from_numpy(a.astype(np.float64)) @ torch.from_numpy(w.astype(np.float64)).T
@@ -103,7 +108,7 @@ def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
 
 
 def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Exactly rounded fp32 fused multiply-add `RN32(x·y + z)` on the CPU.
+    """Exactly rounded fp32 fused multiply-add `RN32(x·y + z)`, on the inputs' device.
 
     `x·y` of two fp32 values is exact in fp64 (48 ≤ 53 significant bits). The fp64 sum `s = p + z`
     may round; TwoSum recovers its error `e` exactly, so `p + z = s + e`. Rounding `s` to fp32
@@ -113,25 +118,27 @@ def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     lies strictly on the side of `e`, and that neighbour is the answer. At the overflow boundary the
     neighbour of ±FLT_MAX is ±2¹²⁸, so `s = ±(2¹²⁸ − 2¹⁰³)` is a halfway case too: the fp64 cast
     rounds it to ±inf, and a residual towards zero makes the answer ±FLT_MAX. (fp64 overflow of `s`
-    cannot happen for fp32 operands.)
+    cannot happen for fp32 operands.) Only IEEE fp64 +, −, × and the fp64→fp32 cast are used, so the
+    result is the same on the CPU and on a GPU (tests/test_emulator_device.py holds them equal).
     """
     x, y, z = torch.broadcast_tensors(x.to(torch.float32), y.to(torch.float32), z.to(torch.float32))
-    xn, yn, zn = (t.contiguous().numpy().astype(np.float64) for t in (x, y, z))
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = xn * yn
-        s = p + zn
-        bv = s - p
-        err = (p - (s - bv)) + (zn - bv)
-        r = s.astype(np.float32)
-        # An overflow rounds to ±inf; for the halfway test the neighbour beyond ±FLT_MAX is ±2¹²⁸ (the
-        # next point of the fp32 grid with an unbounded exponent, where IEEE puts the overflow
-        # threshold): s = 2¹²⁸ − 2¹⁰³ is exactly halfway, and a negative residual means FLT_MAX.
-        r64 = np.where(np.isinf(r) & np.isfinite(s), np.copysign(2.0**128, s), r.astype(np.float64))
-        other = np.nextafter(r, np.where(r64 < s, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32))
-        halfway = ((r64 + other.astype(np.float64)) / 2 == s) & (r64 != s)
-        toward_other = np.sign(err) == np.sign(other.astype(np.float64) - s)
-        r = np.where(halfway & (err != 0) & toward_other & np.isfinite(err), other, r)
-    return torch.from_numpy(np.ascontiguousarray(r, dtype=np.float32))
+    p = x.to(torch.float64) * y.to(torch.float64)
+    zn = z.to(torch.float64)
+    s = p + zn
+    bv = s - p
+    err = (p - (s - bv)) + (zn - bv)
+    r = s.to(torch.float32)
+    # An overflow rounds to ±inf; for the halfway test the neighbour beyond ±FLT_MAX is ±2¹²⁸ (the
+    # next point of the fp32 grid with an unbounded exponent, where IEEE puts the overflow
+    # threshold): s = 2¹²⁸ − 2¹⁰³ is exactly halfway, and a negative residual means FLT_MAX.
+    r64 = torch.where(torch.isinf(r) & torch.isfinite(s), torch.copysign(torch.full_like(s, 2.0**128), s),
+                      r.to(torch.float64))
+    toward = torch.where(r64 < s, torch.full_like(r, math.inf), torch.full_like(r, -math.inf))
+    other = torch.nextafter(r, toward)
+    other64 = other.to(torch.float64)
+    halfway = ((r64 + other64) / 2 == s) & (r64 != s)
+    toward_other = torch.sign(err) == torch.sign(other64 - s)
+    return torch.where(halfway & (err != 0) & toward_other & torch.isfinite(err), other, r).contiguous()
 
 
 def apply_epilogue(
@@ -142,15 +149,17 @@ def apply_epilogue(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """Run `model` bit-exactly on the CPU: integer accumulator [M,N] → `out_dtype` [M,N].
+    """Run `model` bit-exactly: integer accumulator [M,N] → `out_dtype` [M,N], on `acc`'s device.
 
     `acc` may be int64 (as from `exact_accumulator`); it is first taken to int32 the way the
     hardware register holds it, then converted to fp32 with round-to-nearest-even.
-    `s_a` is [M] (or [1]), `s_w` is [N] (or [1]).
+    `s_a` is [M] (or [1]), `s_w` is [N] (or [1]). Every step is one IEEE fp32 operation (or
+    `fma_f32`) and a round-to-nearest-even cast, so a GPU gives the CPU's bits.
     """
-    accf = int32_wrap(acc.cpu()).to(torch.float32) if not acc.is_floating_point() else acc.cpu().to(torch.float32)
-    sa = s_a.cpu().to(torch.float32).reshape(-1, 1)
-    sw = s_w.cpu().to(torch.float32).reshape(1, -1)
+    dev = acc.device
+    accf = int32_wrap(acc).to(torch.float32) if not acc.is_floating_point() else acc.to(torch.float32)
+    sa = s_a.to(dev, torch.float32).reshape(-1, 1)
+    sw = s_w.to(dev, torch.float32).reshape(1, -1)
     if model.order == "w_then_a":
         first, last = accf * sw, sa
     elif model.order == "a_then_w":
@@ -159,7 +168,7 @@ def apply_epilogue(
         first, last = accf, sa * sw
     if bias is None:
         return round_to(first * last, out_dtype)
-    b = bias.cpu().to(torch.float32).reshape(1, -1)
+    b = bias.to(dev, torch.float32).reshape(1, -1)
     if model.bias == "fma":
         return round_to(fma_f32(last, first, b), out_dtype)
     if model.bias == "add_before_cast":

@@ -33,11 +33,10 @@ report is folded; the report itself carries none (see `alibi.governance.manifest
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from alibi.governance.manifest import (
     build_predicate,
     canonical_json,
     digest_set,
-    digest_tree,
     folder_files,
     read_manifest,
     sha256_bytes,
@@ -61,6 +59,7 @@ from alibi.governance.manifest import (
 )
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
 from alibi.limits import check_seed
+from alibi.results import Report
 
 RUN_SCHEMA = "alibi.run/v1"
 RUN_RECORD = "run.json"
@@ -260,35 +259,13 @@ def check_pinned(folder: Path, pinned: Path) -> None:
                              "this is not the capture the protocol was locked on")
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """The tiles of a run, how the report describes them, and the manifest resource that pins them."""
+def resolve_inputs(exp: Experiment):
+    """The run's `TileSource` (alibi.conform), after checking every pin the experiment declares."""
+    from alibi.conform import source_from_dir, source_from_preset
 
-    tiles: list = field(repr=False)
-    source: dict[str, Any]
-    resource: dict[str, Any]
-
-
-def tiles_sha256(tiles: list) -> str:
-    """One digest over an ordered list of tiles: the sha256 of `"<sha256 of tile bytes>  <name>\\n"` lines."""
-    from alibi.tile import tile_bytes
-
-    return sha256_bytes("".join(f"{sha256_bytes(tile_bytes(t))}  {t.name}\n" for t in tiles).encode("utf-8"))
-
-
-def resolve_inputs(exp: Experiment) -> Inputs:
-    """Load (or draw) the tiles, after checking every pin the experiment declares."""
     src = exp.source
     if src.kind == "synthetic":
-        from alibi.synthetic import synthetic_tiles
-
-        tiles = synthetic_tiles(src.preset, seed=exp.seed, M=src.rows)
-        label = f"synthetic preset {src.preset} (seed {exp.seed})"
-        source = {"label": label, "kind": "synthetic", "preset": src.preset, "rows": tiles[0].M,
-                  "n_tiles": len(tiles)}
-        return Inputs(tiles, source, {"name": f"synthetic:{src.preset}", "digest": digest_set(tiles_sha256(tiles))})
-    from alibi.tile import load_tile_dir
-
+        return source_from_preset(src.preset, seed=exp.seed, rows=src.rows)
     folder = Path(src.path)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such tiles folder (experiment {exp.file}); create it first, e.g. with the "
@@ -299,18 +276,11 @@ def resolve_inputs(exp: Experiment) -> Inputs:
             raise InputError(f"{folder}: does not match its own manifest: {problems[0]}")
     if src.pinned is not None:
         check_pinned(folder, Path(src.pinned))
-    digest = digest_tree(folder)
+    source = source_from_dir(folder, label=f"tiles in {src.path}")
+    digest = source.resource["digest"]["sha256"]
     if src.sha256 is not None and digest != src.sha256:
         raise InputError(f"{folder}: folder digest {digest} differs from source.sha256 {src.sha256} in {exp.file}")
-    tiles = load_tile_dir(folder)
-    source = {"label": f"tiles in {src.path}", "kind": "tiles", "path": src.path, "n_tiles": len(tiles)}
-    return Inputs(tiles, source, {"name": src.path, "digest": digest_set(digest)})
-
-
-def unit_id(index: int, tile_name: str, regime: str) -> str:
-    """`0003-real-layers.0.v_proj`: tile position, regime, and the tile name made file-safe."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tile_name)[:80]
-    return f"{index:04d}-{regime}-{safe}"
+    return source
 
 
 def _first_difference(old: Any, new: Any) -> str:
@@ -325,7 +295,7 @@ def _first_difference(old: Any, new: Any) -> str:
 class RunResult:
     """What `run_experiment` produced: the report document, its exit code, and where it lies."""
 
-    report: dict[str, Any]
+    report: Report
     exit_code: int
     out: Path
     resumed_units: int
@@ -374,8 +344,10 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         replay = load_replay(exp.replay, exp.flip_threshold)
         replay.require_pair(pair.a.name, pair.b.name)
     check_formats(pair, inputs.tiles)
-    pinned_inputs = {"tiles": inputs.resource, **({"replay": replay.resource()} if replay is not None else {})}
-    units_plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(inputs.tiles) for r in regimes]
+    tiles_name = exp.source.path if exp.source.kind == "tiles" else inputs.resource["name"]  # as the file says it
+    pinned_inputs = {"tiles": {**inputs.resource, "name": tiles_name},
+                     **({"replay": replay.resource()} if replay is not None else {})}
+    units_plan = [conform.unit_id(i, t.name, r) for i, t in enumerate(inputs.tiles) for r in regimes]
     arms = {"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")}
     record = {
         "schema": RUN_SCHEMA,
@@ -385,43 +357,25 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         "arms": {k: t.as_dict() for k, t in arms.items()},
         "toolkit": toolkit_record(),
         "environment": environment_record(),
-        "units": [u for u, _, _ in units_plan],
+        "units": units_plan,
     }
     if tree is not None:  # a pre-registered run records whether its code is a commit's
         record["working_tree"] = tree
     record_text = canonical_json(record)
     _start(out, exp, record, record_text, resume)
-
-    say = progress or (lambda _done, _total, _label: None)
-    units, resumed = [], 0
-    for n, (uid, tile, regime) in enumerate(units_plan, start=1):
-        path = out / UNITS_DIR / f"{uid}.json"
-        if path.exists():
-            try:
-                unit = jsonio.read(path)
-                text = path.read_bytes().decode("utf-8")
-            except (InputError, OSError, UnicodeError):
-                raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
-            if canonical_json(unit) != text or unit.get("tile") != tile.name or unit.get("regime") != regime:
-                raise InputError(f"{path}: does not hold the result of unit {uid}; delete it and resume")
-            resumed += 1
-            say(n, len(units_plan), f"{uid} (done earlier)")
-        else:
-            result = conform.evaluate_unit(pair.a, pair.b, tile, regime, ulp_threshold=exp.ulp_threshold,
-                                           invariance=exp.invariance)
-            text = canonical_json(result)
-            unit = json.loads(text)
-            atomic.write_text(path, text)
-            say(n, len(units_plan), f"{uid}: {unit['n_differing']} differing, max ulp {unit['max_ulp']}")
-        units.append(unit)
-
+    done = {p.stem for p in (out / UNITS_DIR).glob("*.json") if p.name != conform.PLAN_FILE} \
+        if (out / UNITS_DIR).is_dir() else set()
+    resumed = sum(u in done for u in units_plan)
+    # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
+    # in the manifest, so every other byte of the folder is reproducible.
+    report = conform.run_conformance(pair, inputs, regimes, units_dir=out / UNITS_DIR, resume=resume,
+                                     seed=exp.seed, ulp_threshold=exp.ulp_threshold, invariance=exp.invariance,
+                                     replay=replay, created_at=None, progress=progress)
     if protocol is not None:
         _recheck_protocol(exp, protocol)
     # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
     # in the manifest, so every other byte of the folder is reproducible.
     created_at = utc_now()
-    report = conform.summarize(units, pair, source=inputs.source, seed=exp.seed, regimes=regimes,
-                               environment=conform.environment(), created_at=None, replay=replay)
     from alibi.html import write_conform_html
 
     # The report folder is staged and renamed into place once (a kill leaves the old one or none).
@@ -436,7 +390,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     predicate = build_predicate(
         inputs=pinned_inputs, seed=exp.seed, arms=arms,
         parameters={"experiment": exp.identity(), "run_record_sha256": sha256_bytes(record_text.encode("utf-8")),
-                    "verdict": report["verdict"], "units": len(units_plan),
+                    "verdict": report.verdict, "units": len(units_plan),
                     **({"working_tree": tree} if tree is not None else {})},
         protocol=None if protocol is None else protocol.as_dict(), created_at=created_at)
     write_manifest(out, "experiment-run", predicate)
@@ -461,7 +415,7 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
             raise InputError(f"{out}: cannot resume: the run was started under different conditions ({why}); "
                              "start a fresh run in another folder")
         planned = {f"{u}.json" for u in record["units"]}
-        present = {p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith(".")}
+        present = {p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith(".")} - {"plan.json"}
         strays = sorted(present - planned)
         if strays:
             raise InputError(f"{out / UNITS_DIR / strays[0]}: not a unit of this run; remove it and resume")
@@ -519,5 +473,5 @@ def stderr_progress() -> Callable[[int, int, str], None]:
     return Progress("run", stream=sys.stderr)
 
 
-__all__ = ["Experiment", "Inputs", "RunResult", "Source", "check_pinned", "load_experiment", "resolve_inputs",
-           "run_experiment", "tiles_sha256", "unit_id"]
+__all__ = ["Experiment", "RunResult", "Source", "check_pinned", "load_experiment", "resolve_inputs",
+           "run_experiment"]

@@ -28,10 +28,11 @@ import torch
 
 from alibi import atomic
 from alibi.checks import CHECKS
-from alibi.conform import Pair, conform, validate_regimes
+from alibi.conform import Pair, TileSource, run_conformance, validate_regimes
 from alibi.errors import InputError
 from alibi.kernels import Kernel
 from alibi.kernels.base import KernelOutput
+from alibi.results import Report
 from alibi.kernels.mutants import (
     ALL,
     FAULTS,
@@ -243,9 +244,10 @@ class Recorder(Kernel):
     def evidence(self) -> dict[str, Any]:
         return self.inner.evidence()
 
-    def run(self, tile: Tile) -> KernelOutput:
-        result = self.inner.run(tile)
-        self.launches.append((tile.name, result.out))
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
+            evidence: bool = True) -> KernelOutput:
+        result = self.inner.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
+        self.launches.append((tile.name, result.out.cpu()))
         return result
 
 
@@ -307,7 +309,7 @@ def check_tiles(base: Kernel, base_name: str, tiles: list[Tile]) -> None:
                          f"these tiles are {', '.join(formats)}")
 
 
-def _unit_rows(plan: Plan, regime: str, report: dict[str, Any], base: Recorder, mutant: Recorder
+def _unit_rows(plan: Plan, regime: str, report: Report, base: Recorder, mutant: Recorder
                ) -> tuple[list[UnitRow], dict[str, Any]]:
     """Per-tile rows from a conform report and the recorded launches, plus the row's aggregates."""
     by_tile_base: dict[str, list[torch.Tensor]] = {}
@@ -317,10 +319,10 @@ def _unit_rows(plan: Plan, regime: str, report: dict[str, Any], base: Recorder, 
     for name, out in mutant.launches:
         by_tile_mut.setdefault(name, []).append(out)
     units, changed_total, launched, ulps = [], 0, 0, []
-    for u in report["tiles"]:
-        outs_b, outs_m = by_tile_base[u["tile"]], by_tile_mut[u["tile"]]
+    for u in report.tiles:
+        outs_b, outs_m = by_tile_base[u.tile], by_tile_mut[u.tile]
         if len(outs_b) != len(outs_m):
-            raise RuntimeError(f"tile {u['tile']}: {len(outs_b)} base launches but {len(outs_m)} mutant launches")
+            raise RuntimeError(f"tile {u.tile}: {len(outs_b)} base launches but {len(outs_m)} mutant launches")
         changed = 0
         for ob, om in zip(outs_b, outs_m, strict=True):
             n = int((~bitwise_equal_mask(ob, om)).sum())
@@ -330,10 +332,9 @@ def _unit_rows(plan: Plan, regime: str, report: dict[str, Any], base: Recorder, 
             if ulp is not None:
                 ulps.append(ulp)
         changed_total += changed
-        verdicts = u["verdicts"]
-        units.append(UnitRow(plan.fault, plan.severity, regime, plan.implementation, u["tile"], changed > 0, changed,
-                             tuple(c for c in CHECKS if verdicts[c]["status"] == "fired"),
-                             tuple(c for c in CHECKS if verdicts[c]["status"] == "inapplicable")))
+        units.append(UnitRow(plan.fault, plan.severity, regime, plan.implementation, u.tile, changed > 0, changed,
+                             tuple(c for c in CHECKS if u.verdict(c).status == "fired"),
+                             tuple(c for c in CHECKS if u.verdict(c).status == "inapplicable")))
     return units, {"changed": changed_total, "launched": launched, "max_ulp": max(ulps) if ulps else None}
 
 
@@ -394,13 +395,17 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
     base.require_available()
     check_tiles(base, base_name, tiles)
     plans, skipped = plan_rows(base, base_name, faults, severities, native)
+    from alibi.conform import tiles_sha256
+    from alibi.governance.manifest import digest_set
+
+    tile_source = TileSource(tuple(tiles), dict(source), {"name": "tiles", "digest": digest_set(tiles_sha256(tiles))})
     rows, units = [], []
     total = len(plans) * len(regimes)
     for plan in plans:
         for regime in regimes:
             rec_base, rec_mut = Recorder(base), Recorder(plan.build())
             pair = Pair(rec_base, rec_mut, f"positive control: {base_name} against {rec_mut.name}")
-            report = conform(pair, tiles, [regime], source=dict(source))
+            report = run_conformance(pair, tile_source, [regime])
             unit_rows, agg = _unit_rows(plan, regime, report, rec_base, rec_mut)
             units += unit_rows
             rows.append(_row(plan, rec_mut.name, regime, unit_rows, agg))

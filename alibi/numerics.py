@@ -128,15 +128,14 @@ def is_subnormal(x: torch.Tensor) -> torch.Tensor:
 
 
 def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round fp32 values to `dtype` with round-to-nearest-even (torch's CPU casts do exactly that).
+    """Round fp32 values to `dtype` with round-to-nearest-even (torch's casts do exactly that, on the
+    CPU and on CUDA: `__float2bfloat16_rn`, `__float2half_rn`).
 
     From float64 to bfloat16 torch goes through float32 (two roundings), so that case rounds
-    correctly with `round_f64_to_bf16` instead.
+    correctly with `round_f64_to_bf16` instead (on the CPU).
     """
     if x.dtype == torch.float64 and dtype == torch.bfloat16:
-        return round_f64_to_bf16(x)
-    if x.device.type != "cpu":
-        raise ValueError("round_to runs on the CPU, where torch's casts are round-to-nearest-even")
+        return round_f64_to_bf16(x).to(x.device)
     return x.to(dtype)
 
 

@@ -10,8 +10,8 @@ its first differing element; `report.json` holds every unit with the positions a
 its differing elements (`alibi.differences`, capped per unit). The fields are documented in
 docs/report.md.
 
-This module imports no torch (the check names come from `alibi.checks` only when JUnit is
-rendered), so the CLI can import it at start-up.
+Everything here reads the typed report (`alibi.results.Report`). This module imports no torch, so
+the CLI can import it at start-up.
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from xml.etree import ElementTree as ET
 
 from alibi import atomic
 from alibi.errors import one_line
+from alibi.results import Report, UnitResult
+from alibi.verdict import CHECKS
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
 # How many differing elements `report.md` shows per tile (report.json lists up to the cap of
 # `alibi.differences`): one cell of the tile table.
 MD_POSITIONS = 1
-
-
-def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 @dataclass(frozen=True)
@@ -52,85 +50,109 @@ class RegimeTotals:
                 f"{self.differing:,} of {self.elements:,} elements differ, max ulp {ulp}")
 
 
-def regime_totals(report: dict[str, Any]) -> list[RegimeTotals]:
+def regime_totals(report: Report) -> list[RegimeTotals]:
     """Per regime, in the report's order, the totals over its units."""
     out = []
-    for regime in report["regimes"]:
-        units = [u for u in report["tiles"] if u["regime"] == regime]
-        ulps = [u["max_ulp"] for u in units if u["max_ulp"] is not None]
-        out.append(RegimeTotals(regime, len(units), sum(bool(u["bitwise_equal"]) for u in units),
-                                sum(u["n_elements"] for u in units), sum(u["n_differing"] for u in units),
+    for regime in report.regimes:
+        units = report.units(regime)
+        ulps = [u.max_ulp for u in units if u.max_ulp is not None]
+        out.append(RegimeTotals(regime, len(units), sum(u.bitwise_equal for u in units),
+                                sum(u.n_elements for u in units), sum(u.n_differing for u in units),
                                 max(ulps) if ulps else None))
     return out
 
 
-def summary_lines(report: dict[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class Explanation:
+    """Predicted against observed over a report: units whose differences the declared models predict
+    exactly (`explained`), of the units where a prediction could be made, and the causes named."""
+
+    units: int
+    explained: int
+    predicted_elements: int
+    causes: tuple[str, ...]
+
+    def line(self) -> str:
+        causes = f" (cause: {', '.join(self.causes)})" if self.causes else ""
+        return (f"predicted by the declared models: {self.explained}/{self.units} units exactly, "
+                f"{self.predicted_elements:,} predicted differing elements{causes}")
+
+
+def explanation(report: Report) -> Explanation | None:
+    judged = [u for u in report.tiles if u.explained is not None]
+    if not judged:
+        return None
+    causes = tuple(dict.fromkeys(u.cause for u in judged if u.cause))
+    return Explanation(len(judged), sum(bool(u.explained) for u in judged), sum(u.n_predicted or 0 for u in judged),
+                       causes)
+
+
+def summary_lines(report: Report) -> list[str]:
     """The human-readable summary printed at the end of `alibi conform`."""
-    a, b = report["kernel_a"], report["kernel_b"]
-    lines = [f"alibi conform: {a['name']} ({a['epilogue_model']}) vs {b['name']} ({b['epilogue_model']})",
-             f"  why this pair: {report['selection']}",
-             f"  arm a runs as: {a['how']}", f"  arm b runs as: {b['how']}",
-             f"  source: {report['source'].get('label', report['source'])}; regimes: {', '.join(report['regimes'])}"]
-    for c in report["checks"]:
-        lines.append(f"  {STATUS_WORD[c['status']]:>12}  {c['check']:<22} {c['detail']}")
+    a, b = report.kernel_a, report.kernel_b
+    lines = [f"alibi conform: {a.name} ({a.epilogue_model}) vs {b.name} ({b.epilogue_model})",
+             f"  why this pair: {report.selection}",
+             f"  arm a runs as: {a.how}", f"  arm b runs as: {b.how}",
+             f"  source: {report.source.get('label', report.source)}; regimes: {', '.join(report.regimes)}"]
+    for c in report.checks:
+        lines.append(f"  {STATUS_WORD[c.status]:>12}  {c.check:<22} {c.detail}")
     for totals in regime_totals(report):
         lines.append(f"  {totals.line(width=5)}")
-    lines.append(f"  verdict: {report['verdict'].upper()} ({report['equivalence']})")
-    for why in report.get("inconclusive_because", []):
+    if (ex := explanation(report)) is not None:
+        lines.append(f"  {ex.line()}")
+    lines.append(f"  verdict: {report.verdict.upper()} ({report.equivalence})")
+    for why in report.inconclusive_because:
         lines.append(f"    inconclusive: {why}")
     return lines
 
 
-def _split_model(name: str | None) -> tuple[str, str] | None:
-    if not name:
-        return None
-    order, _, bias = name.partition("+")
-    return order, bias or "fma"
-
-
-def why_sentence(report: dict[str, Any]) -> str:
+def why_sentence(report: Report) -> str:
     """Why the arms differ (or not), in one or two sentences that follow from the checks.
 
     The argument: if each arm equals its declared epilogue model bit for bit, then any
     difference between the arms is a difference between the two declared models — the scale
-    order or the bias handling — and nothing else; if an arm does not equal its model, the
-    differences are unexplained; without declared models they cannot be attributed.
+    order or the bias handling — and nothing else (predicted-differences names which, per unit);
+    if an arm does not equal its model, the differences are unexplained; without declared models
+    they cannot be attributed.
     """
-    checks = {c["check"]: c for c in report["checks"]}
     totals = {t.regime: t for t in regime_totals(report)}
-    a, b = report["kernel_a"], report["kernel_b"]
+    a, b = report.kernel_a, report.kernel_b
     differing = sum(t.differing for t in totals.values())
-    fp8 = any(u.get("fmt", "int8") != "int8" for u in report["tiles"])
-    model = checks.get("epilogue-model", {"status": "inapplicable", "detail": "not run"})
-    if model["status"] == "fired":
-        return (f"At least one arm does not equal its declared epilogue model ({model['detail']}), so the "
+    fp8 = any(u.fmt != "int8" for u in report.tiles)
+    model = report.check("epilogue-model")
+    if model.status == "fired":
+        return (f"At least one arm does not equal its declared epilogue model ({model.detail}), so the "
                 "differences are not explained by the declared epilogues: that is a finding, not an expected "
                 "rounding difference.")
-    if model["status"] == "inapplicable":
+    if model.status == "inapplicable":
         if differing == 0:
             return "The arms agree in every bit; no declared epilogue model could be checked."
-        return f"The differences cannot be attributed to the epilogues: the epilogue-model check was {model['detail']}."
-    held = (f"Each arm equals its declared epilogue model bit for bit (`{a['epilogue_model']}` and "
-            f"`{b['epilogue_model']}`" + (", each applied to its own fp32 accumulator" if fp8 else "") + ")")
+        return f"The differences cannot be attributed to the epilogues: the epilogue-model check was {model.detail}."
+    held = (f"Each arm equals its declared epilogue model bit for bit (`{a.epilogue_model}` and "
+            f"`{b.epilogue_model}`" + (", each applied to its own fp32 accumulator" if fp8 else "") + ")")
     if differing == 0:
         return held + ", and the arms agree in every bit on every tile under every regime."
-    ma, mb = _split_model(a["epilogue_model"]), _split_model(b["epilogue_model"])
+    ex = explanation(report)
     causes = []
     if fp8:
         causes.append("their fp32 accumulators (fp8 sums round in an implementation-defined order)")
-    if ma and mb and ma[0] != mb[0]:
+    named = set(ex.causes) if ex else set()
+    if any("scale order" in c for c in named):
         causes.append("the order in which they apply the activation and weight scales")
-    if ma and mb and ma[1] != mb[1] and any(u.get("bias") for u in report["tiles"]):
+    if any("bias mode" in c for c in named):
         causes.append("how they add the bias")
     because = " and ".join(causes) if causes else "the two declared models"
-    out = f"{held}, so every difference comes from {because}."
+    out = f"{held}, so every difference comes from {because}"
+    if ex is not None:
+        out += f": {ex.explained} of {ex.units} units differ exactly where the declared models predict"
+    out += "."
     pow2 = totals.get("pow2")
     if pow2 is not None and not fp8:
         if pow2.differing == 0:
             out += " Under power-of-two weight scales the two orders round to the same bits, and no element differs."
         else:
             out += (f" Under power-of-two weight scales {pow2.differing:,} elements still differ: a scale order "
-                    "cannot cause that, so it comes from the bias handling (or subnormal/overflowing results).")
+                    "cannot cause that; the declared models attribute it to the bias handling.")
     return out
 
 
@@ -145,58 +167,60 @@ def _md(value: Any) -> str:
     return str(value)
 
 
-def _first_positions(u: dict[str, Any]) -> str:
-    d = u.get("differences")
-    if not d or not d.get("elements"):
+def _first_positions(u: UnitResult) -> str:
+    d = u.differences
+    if not d.elements:
         return ""
-    shown = [f"({e['row']}, {e['column']}): {e['a_bits']} → {e['b_bits']} ({e['a']} → {e['b']})"
-             for e in d["elements"][:MD_POSITIONS]]
-    more = d["count"] - len(shown)
+    shown = [f"({e.row}, {e.column}): {e.a_bits} → {e.b_bits} ({e.a} → {e.b})" for e in d.elements[:MD_POSITIONS]]
+    more = d.count - len(shown)
     return "; ".join(shown) + (f"; +{more:,} more" if more > 0 else "")
 
 
-def ordered_units(report: dict[str, Any]) -> list[dict[str, Any]]:
+def ordered_units(report: Report) -> list[UnitResult]:
     """The units with every differing one first; each group keeps the report's (execution) order."""
-    units = report["tiles"]
-    return [u for u in units if not u["bitwise_equal"]] + [u for u in units if u["bitwise_equal"]]
+    units = report.tiles
+    return [u for u in units if not u.bitwise_equal] + [u for u in units if u.bitwise_equal]
 
 
-def to_markdown(report: dict[str, Any]) -> str:
-    a, b = report["kernel_a"], report["kernel_b"]
-    seed = report.get("seed")
-    seed_text = f"seed {seed}" if seed is not None else "no seed (the tiles were given, not drawn)"
-    out = [f"# Conformance report: `{a['name']}` vs `{b['name']}`", "",
-           f"**Verdict: {report['verdict']}** ({report['equivalence']})."
-           + (f" Created {report['created_at']}." if report.get("created_at") else ""), ""]
+def to_markdown(report: Report) -> str:
+    a, b = report.kernel_a, report.kernel_b
+    seed_text = f"seed {report.seed}" if report.seed is not None else "no seed (the tiles were given, not drawn)"
+    out = [f"# Conformance report: `{a.name}` vs `{b.name}`", "",
+           f"**Verdict: {report.verdict}** ({report.equivalence})."
+           + (f" Created {report.created_at}." if report.created_at else ""), ""]
     out += [f"- {t.line()}" for t in regime_totals(report)]
+    if (ex := explanation(report)) is not None:
+        out.append(f"- {ex.line()}")
     out += ["", f"**Why:** {why_sentence(report)}", ""]
-    for why in report.get("inconclusive_because", []):
+    for why in report.inconclusive_because:
         out.append(f"- inconclusive: {why}")
-    out += [f"- arm a: `{a['name']}`, declared epilogue `{a['epilogue_model']}`, runs as: {a['how']}",
-            f"- arm b: `{b['name']}`, declared epilogue `{b['epilogue_model']}`, runs as: {b['how']}",
-            f"- pair chosen: {report['selection']}",
-            f"- source: {report['source'].get('label')}; {seed_text}; regimes {', '.join(report['regimes'])}",
+    out += [f"- arm a: `{a.name}`, declared epilogue `{a.epilogue_model}`, runs as: {a.how}",
+            f"- arm b: `{b.name}`, declared epilogue `{b.epilogue_model}`, runs as: {b.how}",
+            f"- pair chosen: {report.selection}",
+            f"- source: {report.source.get('label')}; {seed_text}; regimes {', '.join(report.regimes)}",
             "", "## Checks", "", "| check | status | threshold | detail |", "|---|---|---|---|"]
-    for c in report["checks"]:
-        thr = "" if c["threshold"] is None else c["threshold"]
-        out.append(f"| {c['check']} | {STATUS_WORD[c['status']]} | {thr} | {c['detail']} |")
-    n_diff = sum(not u["bitwise_equal"] for u in report["tiles"])
+    for c in report.checks:
+        thr = "" if c.threshold is None else c.threshold
+        out.append(f"| {c.check} | {STATUS_WORD[c.status]} | {thr} | {c.detail} |")
+    n_diff = sum(not u.bitwise_equal for u in report.tiles)
     out += ["", "## Tiles", "",
-            f"{n_diff} of {len(report['tiles'])} units differ; they come first, marked **≠**. Positions are "
+            f"{n_diff} of {len(report.tiles)} units differ; they come first, marked **≠**. Positions are "
             "(row, column) of the `[M, N]` output, values as bit patterns and numbers (arm a → arm b); "
-            "report.json lists each unit's differing elements (`differences`, up to its `cap`).", "",
-            "| | tile | regime | M | K | N | differing | max ulp | bitwise equal | max abs acc | headroom bits "
-            "| fired | first difference |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "report.json lists each unit's differing elements (`differences`, up to its `cap`). *Predicted* is "
+            "the number of elements where the two declared models differ, *explained* whether the arms differ "
+            "exactly there.", "",
+            "| | tile | regime | M | K | N | differing | predicted | explained | cause | max ulp | bitwise equal "
+            "| max abs acc | headroom bits | fired | first difference |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for u in ordered_units(report):
-        fired = ", ".join(k for k, v in u["verdicts"].items() if v["fired"]) or "-"
-        head = "" if u["headroom_bits"] is None else f"{u['headroom_bits']:.2f}"
-        mark = "=" if u["bitwise_equal"] else "**≠**"
-        out.append(f"| {mark} | {_cell(u['tile'])} | {u['regime']} | {u['M']} | {u['K']} | {u['N']} | "
-                   f"{_md(u['n_differing'])} / {_md(u['n_elements'])} | {_md(u['max_ulp'])} | "
-                   f"{_md(u['bitwise_equal'])} | {_md(u['max_abs_acc'])} | {head} | {fired} | {_first_positions(u)} |")
-    env = report["environment"]
-    out += ["", "## Environment", "", *(f"- {k}: {_md(v)}" for k, v in env.items()), ""]
+        fired = ", ".join(u.fired) or "-"
+        head = "" if u.headroom_bits is None else f"{u.headroom_bits:.2f}"
+        mark = "=" if u.bitwise_equal else "**≠**"
+        out.append(f"| {mark} | {_cell(u.tile)} | {u.regime} | {u.M} | {u.K} | {u.N} | "
+                   f"{_md(u.n_differing)} / {_md(u.n_elements)} | {_md(u.n_predicted)} | {_md(u.explained)} | "
+                   f"{_md(u.cause) if u.cause else '-'} | {_md(u.max_ulp)} | "
+                   f"{_md(u.bitwise_equal)} | {_md(u.max_abs_acc)} | {head} | {fired} | {_first_positions(u)} |")
+    out += ["", "## Environment", "", *(f"- {k}: {_md(v)}" for k, v in report.environment.items()), ""]
     return "\n".join(out)
 
 
@@ -206,33 +230,46 @@ def _cell(text: str) -> str:
     return one_line(str(text)).replace("|", "\\|").replace("`", "\\`")
 
 
-def to_junit(report: dict[str, Any]) -> str:
+def to_junit(report: Report) -> str:
     """One test suite per check, one test case per tile and regime; inapplicable cases are skipped."""
-    from alibi.checks import CHECKS
-
     root = ET.Element("testsuites", name="alibi.conform")
     for check in CHECKS:
         suite = ET.SubElement(root, "testsuite", name=f"alibi.{check}")
         counts = {"tests": 0, "failures": 0, "skipped": 0}
-        for u in report["tiles"]:
-            v = u["verdicts"][check]
-            case = ET.SubElement(suite, "testcase", classname=f"alibi.{check}", name=f"{u['tile']}[{u['regime']}]")
+        for u in report.tiles:
+            v = u.verdict(check)
+            case = ET.SubElement(suite, "testcase", classname=f"alibi.{check}", name=f"{u.tile}[{u.regime}]")
             counts["tests"] += 1
-            if v["status"] == "fired":
+            if v.status == "fired":
                 counts["failures"] += 1
-                ET.SubElement(case, "failure", message=v["detail"]).text = json.dumps(v["evidence"])
-            elif v["status"] == "inapplicable":
+                ET.SubElement(case, "failure", message=v.detail).text = json.dumps(v.evidence)
+            elif v.status == "inapplicable":
                 counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=v["detail"])
+                ET.SubElement(case, "skipped", message=v.detail)
         for k, n in counts.items():
             suite.set(k, str(n))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_reports(report: dict[str, Any], out: str | Path) -> list[Path]:
+def read_report(path: str | Path) -> Report:
+    """A `report.json` (or the folder holding one) as a `Report`; InputError naming the file otherwise."""
+    from alibi import jsonio
+    from alibi.errors import InputError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    doc = jsonio.read(path)
+    try:
+        return Report.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{one_line(str(path))}: not a conform report this version reads ({one_line(str(exc))[:200]})") from None
+
+
+def write_reports(report: Report, out: str | Path) -> list[Path]:
     """Render all three formats, then write them atomically (report.json last)."""
     out = Path(out)
     atomic.check_writable_dir(out)
-    rendered = {"report.md": to_markdown(report), "junit.xml": to_junit(report), "report.json": to_json(report)}
+    rendered = {"report.md": to_markdown(report), "junit.xml": to_junit(report), "report.json": report.to_json()}
     return [atomic.write_text(out / name, text) for name, text in rendered.items()]

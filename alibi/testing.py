@@ -14,19 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from alibi.checks import DEFAULT_ULP_THRESHOLD
-from alibi.conform import REGIMES, Pair, conform
+from alibi.conform import REGIMES, Pair, TileSource, run_conformance, source_from_dir, source_from_preset, source_from_tiles
 from alibi.kernels import Kernel, get_kernel
-from alibi.synthetic import PRESETS, synthetic_tiles
-from alibi.tile import Tile, load_tile_dir
+from alibi.results import Report
+from alibi.synthetic import PRESETS
+from alibi.tile import Tile
 
 
 class NotInterchangeable(AssertionError):
-    """The kernels failed conformance; `report` holds the full report document."""
+    """The kernels failed conformance; `report` holds the full report (`alibi.results.Report`)."""
 
-    def __init__(self, message: str, report: dict[str, Any]):
+    def __init__(self, message: str, report: Report):
         super().__init__(message)
         self.report = report
 
@@ -37,32 +37,29 @@ def _kernel(k: Kernel | str) -> Kernel:
     return kernel
 
 
-def _tiles(tiles: Iterable[Tile] | str | Path, seed: int) -> tuple[list[Tile], dict[str, Any]]:
+def _source(tiles: Iterable[Tile] | str | Path, seed: int) -> TileSource:
     if isinstance(tiles, str) and tiles in PRESETS:
-        return synthetic_tiles(tiles, seed=seed), {"label": f"synthetic preset {tiles}", "kind": "synthetic"}
+        return source_from_preset(tiles, seed=seed)
     if isinstance(tiles, str | Path):
-        return load_tile_dir(tiles), {"label": f"tiles in {tiles}", "kind": "tiles"}
-    return list(tiles), {"label": "tiles given in code", "kind": "tiles"}
+        return source_from_dir(tiles)
+    return source_from_tiles(tiles)
 
 
 def assert_interchangeable(kernel_a: Kernel | str, kernel_b: Kernel | str, tiles: Iterable[Tile] | str | Path, *,
                            regimes: Iterable[str] = REGIMES, ulp_threshold: int = DEFAULT_ULP_THRESHOLD,
-                           strict: bool = False, seed: int = 0) -> dict[str, Any]:
+                           strict: bool = False, seed: int = 0) -> Report:
     """Run the conformance procedure and raise `NotInterchangeable` if a check fires.
 
-    Returns the report document when the kernels pass, so a test can assert more (e.g. that
-    every tile is bitwise equal: `all(u["bitwise_equal"] for u in report["tiles"])`).
+    Returns the report when the kernels pass, so a test can assert more (e.g. that every tile is
+    bitwise equal: `report.equivalence == "bitwise"`, or `all(u.explained for u in report.tiles)`).
     """
     pair = Pair(_kernel(kernel_a), _kernel(kernel_b), "assert_interchangeable")
-    tile_list, source = _tiles(tiles, seed)
-    report = conform(pair, tile_list, regimes, source=source, seed=seed, ulp_threshold=ulp_threshold)
-    problems = []
-    for c in report["checks"]:
-        if c["fired"]:
-            problems.append(f"  {c['check']} fired: {c['detail']}")
+    source = _source(tiles, seed)
+    report = run_conformance(pair, source, regimes, seed=seed, ulp_threshold=ulp_threshold)
+    problems = [f"  {c.check} fired: {c.detail}" for c in report.checks if c.fired]
     if strict:
-        problems += [f"  inconclusive: {why}" for why in report["inconclusive_because"]]
+        problems += [f"  inconclusive: {why}" for why in report.inconclusive_because]
     if problems:
-        head = f"{pair.a.name} and {pair.b.name} are not interchangeable on {source['label']}:"
+        head = f"{pair.a.name} and {pair.b.name} are not interchangeable on {source.record['label']}:"
         raise NotInterchangeable("\n".join([head, *problems]), report)
     return report

@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_safetensors
 
 from alibi import atomic
 from alibi.errors import InputError, one_line, shown
 from alibi.limits import check_gemm_size
 from alibi.numerics import FLOAT_DTYPES, dtype_name
+from alibi.digests import sha256_bytes
 from alibi.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
@@ -167,11 +168,17 @@ def save_tile(tile: Tile, path: str | Path) -> Path:
 
 
 def load_tile(path: str | Path) -> Tile:
-    """Read and validate one tile file; InputError names the file and what is wrong.
+    """Read and validate one tile file; InputError names the file and what is wrong (`read_tile`)."""
+    return read_tile(path)[0]
+
+
+def read_tile(path: str | Path) -> tuple[Tile, str]:
+    """Read and validate one tile file; returns the tile and the sha256 of the very bytes it was parsed from.
 
     The header is read and checked first (`alibi.safetensors_header`: only its bytes are read, and
     every malformation is an InputError), then the tensor names and the GEMM's size against the
-    element budget (`alibi.limits`), and only then are the tensors loaded.
+    element budget (`alibi.limits`); only then is the file read, once: the digest and the tensors
+    come from the same bytes, so a manifest pins what was checked.
     """
     path = Path(path)
     where = one_line(str(path))
@@ -193,17 +200,24 @@ def load_tile(path: str | Path) -> Tile:
     if out_name not in OUT_DTYPES:
         raise InputError(f"{where}: out_dtype {shown(out_name)} is not supported; use bfloat16 or float16")
     try:
-        tensors = load_file(str(path))
+        data = path.read_bytes()
+        tensors = load_safetensors(data)
     except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
         raise InputError(f"{where}: truncated or not a safetensors file ({one_line(str(exc))[:200]})") from None
     name = metadata.pop("name", path.stem)
     tile = Tile(name=name, a_q=tensors["a_q"], s_a=tensors["s_a"], w_q=tensors["w_q"], s_w=tensors["s_w"],
                 bias=tensors.get("bias"), out_dtype=OUT_DTYPES[out_name], meta=metadata)
-    return tile.validate(origin=where)
+    return tile.validate(origin=where), sha256_bytes(data)
 
 
 def load_tile_dir(folder: str | Path) -> list[Tile]:
     """Every `*.safetensors` tile in `folder` (sorted by file name); an empty folder is an error."""
+    return [t for t, _ in read_tile_dir(folder).values()]
+
+
+def read_tile_dir(folder: str | Path) -> dict[str, tuple[Tile, str]]:
+    """Every `*.safetensors` tile in `folder` by file name (sorted), each with the sha256 of its bytes
+    (`read_tile`); an empty folder, or two tiles of one name, is an error."""
     folder = Path(folder)
     where = one_line(str(folder))
     if not folder.is_dir():
@@ -214,13 +228,14 @@ def load_tile_dir(folder: str | Path) -> list[Tile]:
         raise InputError(f"{where}: cannot list the folder ({exc.strerror})") from None
     if not paths:
         raise InputError(f"{where}: holds no *.safetensors tiles")
-    tiles = [load_tile(p) for p in paths]
-    names = [t.name for t in tiles]
+    read = {p.name: read_tile(p) for p in paths}
+    names = [t.name for t, _ in read.values()]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InputError(f"{one_line(str(folder))}: several tiles share the name(s) {one_line(', '.join(dupes))[:200]}; "
                          "names must be unique")
-    return tiles
+    return read
 
 
-__all__ = ["FLOAT_DTYPES", "OUT_DTYPES", "Tile", "load_tile", "load_tile_dir", "save_tile", "tile_bytes"]
+__all__ = ["FLOAT_DTYPES", "OUT_DTYPES", "Tile", "load_tile", "load_tile_dir", "read_tile", "read_tile_dir",
+           "save_tile", "tile_bytes"]

@@ -29,6 +29,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("alibi-bench.json"), help="JSON report (default ./alibi-bench.json)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
+    what = p.add_subparsers(dest="bench_what", metavar="conform", required=False)
+    c = what.add_parser("conform", help="time the conformance pipeline itself, split by stage",
+                        description="Run `alibi conform`'s pipeline in one process: once to warm up, then REPEATS "
+                                    "times, with wall time split into kernels, exact reference, checks and I/O, "
+                                    "per check device. Default: the Qwen3-1.7B preset at M = 512.")
+    c.add_argument("--kernel-a", help="first kernel (default: the default conform pair)")
+    c.add_argument("--kernel-b", help="second kernel")
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--tiles", type=Path, help="folder of tile .safetensors files")
+    src.add_argument("--synthetic", metavar="PRESET", default=None, help="synthetic preset (default qwen3-1.7b)")
+    c.add_argument("--rows", type=int, help="M of the synthetic preset (default 512)")
+    c.add_argument("--repeats", type=int, default=3, help="timed runs per check device (default 3; the median is reported)")
+    c.add_argument("--check-devices", default=None,
+                   help="where the reference and checks run, comma-separated: cuda, cpu (default: cuda,cpu with a "
+                        "GPU, else cpu)")
+    c.add_argument("--out", type=Path, default=Path("alibi-bench-conform.json"), help="JSON result")
+    c.add_argument("--quiet", action="store_true", help="no progress lines")
+    c.set_defaults(func=run_conform)
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    import torch
+
+    from alibi.bench_conform import bench_conform, format_table
+    from alibi.conform import choose_pair, source_from_dir, source_from_preset
+
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be at least 1, got {args.repeats}")
+    devices = [d.strip() for d in (args.check_devices or ("cuda,cpu" if torch.cuda.is_available() else "cpu")).split(",")
+               if d.strip()]
+    bad = sorted(set(devices) - {"cuda", "cpu"})
+    if bad or not devices:
+        raise InputError(f"--check-devices: {', '.join(bad) or 'empty'} not understood; use cuda and/or cpu")
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise KernelUnavailable("--check-devices cuda: no CUDA GPU here (torch.cuda.is_available() is False)")
+    atomic.refuse_overlap(args.out, {"--tiles": args.tiles}, what="the bench result")
+    atomic.check_writable_dir(args.out.parent)
+    if args.out.is_dir():
+        raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
+    if args.tiles is not None:
+        if args.rows is not None:
+            raise InputError("--rows applies to --synthetic presets, not to --tiles")
+        source = source_from_dir(args.tiles)
+    else:
+        source = source_from_preset(args.synthetic or "qwen3-1.7b", seed=0, rows=512 if args.rows is None else args.rows)
+    pair = choose_pair(args.kernel_a, args.kernel_b)
+    say = None if args.quiet else (lambda line: print(f"  {line}", file=sys.stderr))
+    result = bench_conform(pair, source, devices=devices, repeats=args.repeats, progress=say)
+    atomic.write_text(args.out, result.to_json())
+    print(format_table(result))
+    print(f"  wrote {args.out}")
+    return 0 if result.identical_results else 1
 
 
 def _shapes(specs: list[str] | None) -> list[tuple[int, int, int]] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from alibi import atomic
 from alibi.errors import InputError, one_line
-from alibi.governance import build_predicate, resource, treatment_of, write_manifest
+from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.limits import check_seed
 from alibi.report import summary_lines, write_reports
 
@@ -35,22 +35,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flip-threshold", type=float, default=None, metavar="RATE",
                    help="check 7's bound on the teacher-forced flip rate (default 0.05; needs --replay)")
     p.add_argument("--out", type=Path, default=Path("alibi-report"), help="report folder (default ./alibi-report)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run into the same --out from the units it finished (same kernels, "
+                        "tiles and flags; gives the bytes an uninterrupted run gives)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 
 
+def units_dir(out: Path) -> Path:
+    """Where a run keeps its finished units until the report is in place: a hidden folder beside --out."""
+    return out.parent / f".{out.name}.units"
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `alibi --help` must not import torch.
+    import shutil
+
     from alibi.conform import (
         choose_pair,
-        conform,
         exit_code,
         progress_printer,
+        run_conformance,
+        source_from_dir,
+        source_from_preset,
         validate_regimes,
     )
     from alibi.html import write_conform_html
-    from alibi.synthetic import DEFAULT_PRESET, synthetic_tiles
-    from alibi.tile import load_tile_dir
+    from alibi.synthetic import DEFAULT_PRESET
     from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
@@ -60,40 +71,42 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
     if args.flip_threshold is not None and args.replay is None:
         raise InputError("--flip-threshold bounds the flip rate of a replay: give --replay FLIPS.json too")
+    units = units_dir(args.out)
+    if args.resume and not (units / "plan.json").is_file():
+        raise InputError(f"{one_line(str(args.out))}: no unfinished run to resume (no {units.name}/plan.json beside "
+                         "it); run without --resume")
     replay = None if args.replay is None else load_replay(
         args.replay, DEFAULT_FLIP_THRESHOLD if args.flip_threshold is None else args.flip_threshold)
     if args.tiles is not None:
         if args.rows is not None:
             raise InputError("--rows applies to --synthetic presets, not to --tiles")
-        tiles = load_tile_dir(args.tiles)
-        source = {"label": f"tiles in {args.tiles}", "kind": "tiles", "path": str(args.tiles),
-                  "n_tiles": len(tiles)}
+        source = source_from_dir(args.tiles)
     else:
-        preset = args.synthetic or DEFAULT_PRESET
-        tiles = synthetic_tiles(preset, seed=args.seed, M=args.rows)
-        source = {"label": f"synthetic preset {preset} (seed {args.seed})", "kind": "synthetic", "preset": preset,
-                  "rows": tiles[0].M, "n_tiles": len(tiles)}
+        source = source_from_preset(args.synthetic or DEFAULT_PRESET, seed=args.seed, rows=args.rows)
     pair = choose_pair(args.kernel_a, args.kernel_b)
     if not args.quiet:
-        print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source['label']}, {len(tiles)} tiles × "
-              f"{len(regimes)} regimes", file=sys.stderr)
-    report = conform(pair, tiles, regimes, source=source, seed=args.seed if args.tiles is None else None,
-                     ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
-                     progress=None if args.quiet else progress_printer(), replay=replay)
+        print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source.record['label']}, {len(source.tiles)} "
+              f"tiles × {len(regimes)} regimes" + (" (resuming)" if args.resume else ""), file=sys.stderr)
+    parameters = {"regimes": regimes, "ulp_threshold": args.ulp_threshold, "invariance": not args.no_invariance,
+                  **({"flip_threshold": replay.bound} if replay is not None else {})}
+    report = run_conformance(pair, source, regimes, units_dir=units, resume=args.resume,
+                             seed=args.seed if args.tiles is None else None, ulp_threshold=args.ulp_threshold,
+                             invariance=not args.no_invariance, replay=replay,
+                             progress=None if args.quiet else progress_printer(),
+                             plan_parameters={"replay": None if replay is None else replay.resource()})
     # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
-    # report (or none), never some of the new files.
+    # report (or none), never some of the new files; the finished units go only after that.
     with atomic.staged_dir(args.out) as stage:
         written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
-        inputs = {"tiles": resource("tiles", args.tiles)} if args.tiles is not None else {}
+        inputs = {"tiles": {**source.resource, "name": "tiles"}}
         if replay is not None:
             inputs["replay"] = replay.resource()
-        predicate = build_predicate(inputs=inputs, seed=report["seed"],
+        predicate = build_predicate(inputs=inputs, seed=report.seed,
                                     arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
-                                    parameters={"source": source, "regimes": regimes, "ulp_threshold": args.ulp_threshold,
-                                                "invariance": not args.no_invariance,
-                                                **({"flip_threshold": replay.bound} if replay is not None else {})},
-                                    created_at=report["created_at"])
+                                    parameters={"source": source.record, **parameters},
+                                    created_at=report.created_at)
         write_manifest(stage, "report", predicate, files=[p.name for p in written])
+    shutil.rmtree(units, ignore_errors=True)
     print("\n".join(summary_lines(report)))
     if replay is not None:
         print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")

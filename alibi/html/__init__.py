@@ -22,13 +22,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
 
 from alibi import atomic
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest
 from alibi.html.render import RenderedSection, render_page
 from alibi.html.sections import section, sections
+from alibi.results import Report
 
 HTML_NAME = "report.html"
 
@@ -46,14 +47,12 @@ def _page(rendered: list[RenderedSection], note: str) -> str:
     return render_page(title, rendered, source_note=note)
 
 
-def conform_html(report: dict[str, Any]) -> str:
+def conform_html(report: Report) -> str:
     """The page for a conform report, rendered from the very text `report.json` holds (same bytes as a re-render)."""
-    from alibi.report import to_json
-
-    return _page([section("conform").render(to_json(report), "report.json")], "report.json")
+    return _page([section("conform").render(report.to_json(), "report.json")], "report.json")
 
 
-def write_conform_html(report: dict[str, Any], folder: str | os.PathLike) -> Path:
+def write_conform_html(report: Report, folder: str | os.PathLike) -> Path:
     """Render and write `folder/report.html` atomically; returns its path."""
     html = conform_html(report)
     return atomic.write_text(Path(folder) / HTML_NAME, html)

@@ -86,18 +86,47 @@ class Kernel:
             ev["cuda"] = torch.version.cuda
         return ev
 
-    def run(self, tile: Tile) -> KernelOutput:
-        """Run on one tile: moves the operands to the kernel's device, returns CPU tensors."""
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
+            evidence: bool = True) -> KernelOutput:
+        """Run on one tile: the operands go to the kernel's device (no copy when they are there already).
+
+        accumulator: also launch the kernel's accumulator op (`KernelOutput.acc`, None when it exposes
+        none); only a check that uses it asks, so other launches cost one GEMM. evidence: this
+        launch's, taken right after the output was produced (before any accumulator launch).
+        on_device: leave the output on the kernel's device (the conformance pipeline compares there);
+        by default it comes back on the CPU. evidence=False skips recording it (for launches whose
+        output only a check compares, e.g. M-invariance subsets).
+        """
         self.require_available()
         if tile.fmt not in self.formats:
             from alibi.errors import InputError
             raise InputError(f"kernel {self.name!r} handles {', '.join(self.formats)} tiles; "
                              f"tile {tile.name!r} is {tile.fmt}")
         dev = self.torch_device()
-        a_q, s_a, w_q, s_w = (t.to(dev) for t in (tile.a_q, tile.s_a, tile.w_q, tile.s_w))
-        bias = tile.bias.to(dev) if tile.bias is not None else None
-        out = self.scaled_mm(a_q, s_a, w_q, s_w, bias, tile.out_dtype)
-        acc = self.accumulator(a_q, w_q)
+        ops = {k: (None if v is None else v.to(dev)) for k, v in operands(tile).items()}
+        out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
+        ev = self.evidence() if evidence else {}
+        acc = self.accumulator(ops["a_q"], ops["w_q"]) if accumulator else None
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return KernelOutput(out=out.cpu(), acc=None if acc is None else acc.cpu(), evidence=self.evidence())
+        if not on_device:
+            out, acc = out.cpu(), (None if acc is None else acc.cpu())
+        return KernelOutput(out=out, acc=acc, evidence=ev)
+
+
+OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")
+
+
+def operands(tile: Tile) -> dict[str, torch.Tensor | None]:
+    """A tile's five operand tensors by name (bias None when the tile has none)."""
+    return {k: getattr(tile, k) for k in OPERANDS}
+
+
+def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
+    """`tile` with every operand cloned (onto `device` when given): an arm that writes into its
+    inputs cannot change what the other arm, or a later check, sees."""
+    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return t.to(device, copy=True) if device is not None else t.clone()
+    return tile.replace(**{k: copy(v) for k, v in operands(tile).items()})

@@ -41,7 +41,7 @@ import torch
 
 from alibi.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
 from alibi.errors import InputError
-from alibi.kernels.base import Kernel, KernelOutput
+from alibi.kernels.base import Kernel, KernelOutput, operands, private_copy
 from alibi.numerics import is_subnormal, round_to
 from alibi.tile import Tile
 
@@ -525,19 +525,32 @@ class MutantKernel(Kernel):
                                             "base": self.base.name, "implementation": "wrapper", "how": self.fault.how})
         return ev
 
-    def run(self, tile: Tile) -> KernelOutput:
-        """Run the base on `tile` (after an operand fault, in place) and inject the fault; CPU in, CPU out."""
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
+            evidence: bool = True) -> KernelOutput:
+        """Run the base on `tile` (after an operand fault, written into `tile` in place) and inject the
+        fault. The fault is computed on a CPU copy when the operands sit on a GPU; the output comes back
+        on the CPU, or on the base's device with `on_device` (`Kernel.run`)."""
         self.require_available()
         if tile.fmt not in self.formats:
             raise InputError(f"kernel {self.name!r} handles int8 tiles; tile {tile.name!r} is {tile.fmt}")
         self.calls += 1
+        host = tile if all(t is None or t.device.type == "cpu" for t in operands(tile).values()) \
+            else private_copy(tile, "cpu")
         if self.fault.perturb is not None:
-            self.fault.perturb(self, tile)
-        base = self.base.run(tile)
-        out, acc = self.fault.apply(Launch(self, tile, base))
+            self.fault.perturb(self, host)
+            if host is not tile:  # the arm's own operands change, as a kernel writing into its inputs would
+                for name, t in operands(tile).items():
+                    if t is not None:
+                        t.copy_(getattr(host, name))
+        base = self.base.run(host, accumulator=accumulator)
+        out, acc = self.fault.apply(Launch(self, host, base))
         ev = dict(base.evidence)
         ev.update(kernel=self.name, mutant=self.evidence()["mutant"])
-        return KernelOutput(out=out.contiguous(), acc=acc, evidence=ev)
+        out, acc = out.contiguous(), acc
+        if on_device:
+            dev = self.torch_device()
+            out, acc = out.to(dev), (None if acc is None else acc.to(dev))
+        return KernelOutput(out=out, acc=acc, evidence=ev)
 
     def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
         """The raw op on the base's device (for the model runner): runs `run` on a CPU view of the operands."""
@@ -550,7 +563,7 @@ class MutantKernel(Kernel):
         """The accumulator this mutant exposes (faulty for reduction faults), or None with the base's."""
         ones_a = torch.ones(a_q.shape[0], dtype=torch.float32)
         ones_w = torch.ones(w_q.shape[0], dtype=torch.float32)
-        acc = self.run(Tile("accumulator", a_q.cpu(), ones_a, w_q.cpu(), ones_w)).acc
+        acc = self.run(Tile("accumulator", a_q.cpu(), ones_a, w_q.cpu(), ones_w), accumulator=True).acc
         return None if acc is None else acc.to(a_q.device)
 
 

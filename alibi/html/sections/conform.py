@@ -27,7 +27,9 @@ from alibi.html.render import FigureView, RenderedSection, format_count, render_
 from alibi.report import RegimeTotals
 from alibi.html.sections import Section
 
-SCHEMA = "alibi.conform/v1"
+# v2 (alibi.results) adds predicted/observed and near-zero fields; the page reads the fields both share,
+# so the committed v1 reports still render.
+SCHEMAS = ("alibi.conform/v1", "alibi.conform/v2")
 REPORT_FILES = ("report.json", "report/report.json")
 DIFFERENCES_SCHEMA = "alibi.differences/v1"
 # Tiles shown before the rest of the differing ones fold away under <details>.
@@ -232,9 +234,9 @@ class ConformReport:
             raise InputError(f"{where}: not valid JSON ({exc}); re-run the command that wrote it") from None
         r = _Reader(doc, where)
         schema = doc.get("schema")
-        if schema != SCHEMA:
-            raise InputError(f"{where}: schema {schema!r} is not {SCHEMA!r}, the conform report this toolkit "
-                             "renders; render it with the alibi version that wrote it")
+        if schema not in SCHEMAS:
+            raise InputError(f"{where}: schema {schema!r} is not one of {', '.join(SCHEMAS)}, the conform reports "
+                             "this toolkit renders; render it with the alibi version that wrote it")
         verdict = r.get("verdict", str)
         if verdict not in ("pass", "fail", "inconclusive"):
             raise r._bad("verdict", "pass, fail or inconclusive")
@@ -426,5 +428,5 @@ def render_text(text: str, where: str) -> RenderedSection:
 
 SECTION = Section(key="conform", files=REPORT_FILES, render=render_text)
 
-__all__ = ["REPORT_FILES", "SCHEMA", "SECTION", "ConformReport", "TileRow", "render_report", "render_text",
+__all__ = ["REPORT_FILES", "SCHEMAS", "SECTION", "ConformReport", "TileRow", "render_report", "render_text",
            "sorted_rows", "tile_rows"]

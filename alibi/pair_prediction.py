@@ -1,0 +1,112 @@
+"""Certify a pair from its declared epilogue models alone, without running either kernel (`alibi predict-pair`).
+
+For int8 tiles whose accumulator cannot wrap, a kernel held to its declared model (by `alibi conform`,
+`alibi identify`, or its own tests) computes exactly `apply_epilogue(model, exact accumulator, ...)`.
+Two such kernels therefore differ on a tile exactly where their two models do, and nowhere else:
+this module computes that set per tile and scale regime, and names what in the models causes it
+(`alibi.conform.difference_cause`). Zero predicted differences on every tile is a certificate that
+the pair is bitwise interchangeable there — conditional on each kernel equalling its declared model,
+which is what the epilogue-model check of `alibi conform` establishes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from alibi.errors import InputError
+
+SCHEMA = "alibi.pair-prediction/v1"
+
+
+@dataclass(frozen=True)
+class PredictedUnit:
+    """One tile under one regime: n_predicted elements where the models differ, of n_elements; cause (None
+    when there are none); wrap_possible: the int32 accumulator may wrap, so no prediction is made."""
+
+    tile: str
+    regime: str
+    n_elements: int
+    n_predicted: int | None
+    cause: str | None
+    wrap_possible: bool
+
+
+@dataclass(frozen=True)
+class PairPrediction:
+    """The declared-model prediction for a pair over a tile source. verdict: `bitwise` (no predicted
+    difference anywhere), `differs` (some), `undecided` (a tile whose accumulator may wrap)."""
+
+    model_a: str
+    model_b: str
+    source: dict[str, Any]
+    verdict: str
+    units: tuple[PredictedUnit, ...]
+    schema: str = SCHEMA
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["units"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.units]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> PairPrediction:
+        d = json.loads(text)
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"pair prediction: schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        return cls(d["model_a"], d["model_b"], d["source"], d["verdict"],
+                   tuple(PredictedUnit(**u) for u in d["units"]))
+
+
+def declared_model(name: str):
+    """The epilogue model a kernel declares (registry name), or a model named directly (`w_then_a+fma`)."""
+    from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel
+    from alibi.kernels import get_kernel, kernel_names
+
+    if name in kernel_names():
+        model = get_kernel(name).epilogue
+        if model is None:
+            raise InputError(f"kernel {name!r} declares no epilogue model, so nothing can be predicted for it; "
+                             "give a kernel that declares one, or a model such as w_then_a+fma")
+        return model
+    order, _, bias = name.partition("+")
+    if order not in ORDERS or (bias and bias not in BIAS_MODES):
+        raise InputError(f"{name!r} is neither a kernel (see 'alibi kernels') nor an epilogue model "
+                         f"(<{'|'.join(ORDERS)}>[+{'|'.join(BIAS_MODES)}])")
+    return EpilogueModel.parse(name)
+
+
+def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:
+    """Predict, per tile and regime, where the declared models of `a` and `b` differ (no kernel runs)."""
+    from alibi.conform import apply_regime, check_device, difference_cause, prepare, validate_regimes
+    from alibi.emulator import apply_epilogue
+    from alibi.numerics import bitwise_equal_mask
+
+    ma, mb = declared_model(a), declared_model(b)
+    regimes = validate_regimes(regimes)
+    units = []
+    for tile in source.tiles:
+        if tile.fmt != "int8":
+            raise InputError(f"tile {tile.name!r} is {tile.fmt}: the declared models predict exact differences "
+                             "for int8 tiles only (fp8 accumulation order is implementation-defined)")
+        prepared = prepare(tile, check_device())
+        for regime in regimes:
+            t = apply_regime(prepared.tile, regime)
+            if not prepared.pred.int32_safe:
+                units.append(PredictedUnit(t.name, regime, t.M * t.N, None, None, True))
+                continue
+            out_a = apply_epilogue(ma, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)
+            out_b = out_a if ma == mb else apply_epilogue(mb, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)
+            n = int((~bitwise_equal_mask(out_a, out_b)).sum())
+            units.append(PredictedUnit(t.name, regime, t.M * t.N, n,
+                                       difference_cause(ma, mb, prepared.acc, t) if n else None, False))
+    verdict = ("undecided" if any(u.wrap_possible for u in units)
+               else "differs" if any(u.n_predicted for u in units) else "bitwise")
+    return PairPrediction(ma.name, mb.name, source.record, verdict, tuple(units))
+
+
+__all__ = ["SCHEMA", "PairPrediction", "PredictedUnit", "declared_model", "predict_pair"]

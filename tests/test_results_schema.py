@@ -1,0 +1,81 @@
+"""report.json against its published JSON Schema, and the rule that a changed field needs a new version."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from alibi.conform import Pair, run_conformance, source_from_preset
+from alibi.kernels import get_kernel
+from alibi.results import SCHEMA, SCHEMA_FILE, KernelRecord, Report, UnitResult
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every schema file ever published, with the sha256 of its bytes. A published file never changes:
+# to change a field, write docs/schemas/alibi.conform.vN+1.schema.json, bump alibi.results.SCHEMA,
+# and add the new file here.
+PUBLISHED = {
+    "docs/schemas/alibi.conform.v2.schema.json": "9ef305f3e339cc78c265f6ad6df257496f46a48efd00c43cacdec0972945f13a",
+}
+
+
+def schema() -> dict:
+    return json.loads((ROOT / SCHEMA_FILE).read_text())
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    """A real report with bias, two bias modes and both regimes (CPU kernels, small)."""
+    pair = Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "schema test")
+    return run_conformance(pair, source_from_preset("smollm2-135m-bias", seed=0, rows=8), ("real", "pow2"))
+
+
+def test_a_real_report_validates_against_the_published_schema_of_its_version(report):
+    doc = json.loads(report.to_json())
+    assert doc["schema"] == SCHEMA == schema()["$id"]
+    jsonschema.Draft202012Validator(schema()).validate(doc)
+
+
+def test_the_schema_file_of_the_current_version_is_published_and_unchanged():
+    assert SCHEMA_FILE in PUBLISHED, f"{SCHEMA_FILE} is not in PUBLISHED: a new schema version must be listed"
+    for name, digest in PUBLISHED.items():
+        got = hashlib.sha256((ROOT / name).read_bytes()).hexdigest()
+        assert got == digest, f"{name} changed after it was published: write a new schema version instead"
+
+
+@pytest.mark.parametrize("cls, where", [(Report, None), (UnitResult, "unit"), (KernelRecord, "kernel")])
+def test_every_field_of_the_result_types_is_in_the_schema_and_nothing_else(cls, where):
+    """Adding, removing or renaming a field of a result type fails here until the schema version changes."""
+    s = schema()
+    node = s if where is None else s["$defs"][where]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert set(node["properties"]) == fields
+    assert node["additionalProperties"] is False
+
+
+def test_a_report_missing_a_field_or_carrying_an_extra_one_is_invalid(report):
+    doc = json.loads(report.to_json())
+    validator = jsonschema.Draft202012Validator(schema())
+    del doc["tiles"][0]["explained"]
+    assert not validator.is_valid(doc)
+    doc = json.loads(report.to_json())
+    doc["tiles"][0]["extra"] = 1
+    assert not validator.is_valid(doc)
+
+
+def test_report_json_round_trips_through_the_types_byte_for_byte(report):
+    text = report.to_json()
+    again = Report.from_json(text)
+    assert again == report
+    assert again.to_json() == text
+
+
+def test_a_report_of_another_schema_version_is_refused_naming_both_versions(report):
+    doc = json.loads(report.to_json())
+    doc["schema"] = "alibi.conform/v1"
+    with pytest.raises(ValueError, match="alibi.conform/v1.*alibi.conform/v2"):
+        Report.from_dict(doc)
