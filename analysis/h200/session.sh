@@ -15,6 +15,8 @@
 #             next runs it (see that script), on the capture `e2e` left in /tmp when it is there
 #   before    the old pipeline's conformance throughput (issue 12's "before" row)
 #   e2e       (part ac) prepare, capture, triton:w_then_a+fma vs cutlass on the capture and end to end
+#   pipeline  (part ac) prepare, capture, then analysis/h200/pipeline.sh (issue 12); `vllm` after it with
+#             VLLM_PARTS=conform re-runs only vLLM's conform pairs
 #
 # The code that runs is not the working tree that travels but `gpu_payload/src.tar.gz`, a
 # `git archive` of one commit (analysis/h200/pack_source.sh), unpacked into /tmp/src: so every
@@ -49,8 +51,16 @@ case $STAGE in
       "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 tokens-exploratory ;;
   vllm-unpack)  # carries gpu_payload/vllm (56 MB) alone, or one part of its .xz: keep/decompress it in /tmp
     bash analysis/h200/vllm.sh --unpack ;;
-  vllm)  # with the SmolLM2 capture of an earlier `e2e` call when it is still in /tmp
-    bash analysis/h200/vllm.sh "$W/capture" ;;
+  vllm)  # with the SmolLM2 capture of an earlier `e2e` or `pipeline` call when it is still in /tmp
+    VLLM_PARTS=${VLLM_PARTS:-identify conform bench pytest} bash analysis/h200/vllm.sh "$W/capture" ;;
+  pipeline)  # (GGUF part ac) prepare, capture SmolLM2 W8A8 at M = 512 (kept in /tmp), then analysis/h200/pipeline.sh
+    prepare_model || exit 1
+    if [ ! -f "$W/capture/manifest.json" ]; then
+      python -m alibi capture --model "$W/model/w8a8" --prompts experiments/prompts/wikipedia-8x512 --tokens 512 \
+        --kernel triton --quiet --out "$W/capture" > "$OUT/capture.txt" 2>&1 || { cat "$OUT/capture.txt"; exit 1; }
+    fi
+    stamp "capture: $(ls "$W/capture" | grep -c safetensors) tiles"
+    bash analysis/h200/pipeline.sh "$W/capture" ;;
   before)  # (GGUF part aa) the old pipeline's conformance throughput on the Qwen3-1.7B preset at M = 512
     stash_gguf_part
     python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --preset qwen3-1.7b --rows 512 \

@@ -21,6 +21,9 @@
 set -u
 : "${OUT:?set OUT to the results folder}"
 CAPTURE=${1:-}
+# VLLM_PARTS: which parts run after the operands (default all): identify conform bench pytest
+PARTS=" ${VLLM_PARTS:-identify conform bench pytest} "
+want() { case "$PARTS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 W=/tmp/alibi-vllm
 R=$OUT/vllm
@@ -119,6 +122,7 @@ print(f"probes 4, int8 {n}, fp8 14 tiles in {root}")
 PY
 
 # --- identify: the declared epilogues confirmed from output bits -----------------------------------
+if want identify; then
 mkdir -p "$R/identify"
 identify() {  # identify NAME KERNEL SOURCE-ARGS...: the JSON candidates go to identify/NAME.json
   local name=$1; shift
@@ -130,6 +134,7 @@ identify vllm-triton vllm-triton --tiles "$W/probes"
 identify vllm-triton-epilogue-probe-bias vllm-triton --synthetic epilogue-probe-bias
 identify triton-w_then_a+fma triton:w_then_a+fma --tiles "$W/probes"
 python -m alibi manifest write "$R/identify" --kind identify --input "tiles=$W/probes" > /dev/null 2>&1 || echo "identify manifest failed"
+fi
 
 # --- conform -----------------------------------------------------------------------------------------
 conform() {  # conform NAME A B SOURCE-ARGS...
@@ -138,6 +143,7 @@ conform() {  # conform NAME A B SOURCE-ARGS...
 }
 conform cutlass-vs-vllm-cutlass cutlass vllm-cutlass --tiles "$W/int8"
 conform triton-vs-vllm-triton triton vllm-triton --tiles "$W/int8"
+if want conform; then
 conform vllm-cutlass-vs-vllm-triton vllm-cutlass vllm-triton --tiles "$W/int8"
 conform triton-w_then_a+fma-vs-vllm-cutlass triton:w_then_a+fma vllm-cutlass --tiles "$W/int8"
 conform triton-w_then_a+fma-vs-cutlass triton:w_then_a+fma cutlass --tiles "$W/int8"
@@ -150,19 +156,24 @@ if [ -n "$CAPTURE" ] && [ -d "$CAPTURE" ]; then
 else
   echo "no capture folder given: the SmolLM2 capture comparisons are skipped" | tee "$R/capture-skipped.txt"
 fi
+fi
 
 # --- bench: all int8 kernels, both fp8 CUTLASS kernels ---------------------------------------------
+if want bench; then
 mkdir -p "$R/bench"
 step bench 300 python -m alibi bench --int8 cutlass,cutlass-sm80,triton,triton:w_then_a+fma,cublas,vllm-cutlass,vllm-triton \
   --fp8 cutlass-fp8,vllm-cutlass-fp8 --shape 1,4096,4096 --shape 16,4096,4096 --shape 128,4096,4096 \
   --shape 512,4096,4096 --shape 4096,4096,4096 --rep-ms 40 --out "$R/bench/bench.json"
 python -m alibi manifest write "$R/bench" --kind bench > /dev/null 2>&1 || echo "bench manifest failed"
+fi
 
 # --- the GPU tests -----------------------------------------------------------------------------------
+if want pytest; then
 mkdir -p "$R/pytest"
 step pytest-gpu 300 python -m pytest -q -m gpu tests/kernels/test_vllm.py tests/kernels/test_triton_w_then_a_fma.py tests/kernels/test_cutlass_gpu.py --junitxml "$R/pytest/junit.xml" -p no:cacheprovider
 cp "$R/pytest-gpu.txt" "$R/pytest/pytest.txt"
 python -m alibi manifest write "$R/pytest" --kind test-run > /dev/null 2>&1 || echo "pytest manifest failed"
+fi
 
 # --- summary (printed last) ------------------------------------------------------------------------
 printf '%s\n' "${STEPS[@]}" > "$R/steps.txt"
@@ -214,8 +225,12 @@ for f in sorted(R.glob("conform-*.txt")):
     r = f"{sum(u['bitwise_equal'] for u in real)}/{len(real)}, {sum(u['n_differing'] for u in real)}, " \
         f"{max((u['max_ulp'] or 0) for u in real) if real else '-'}"
     p = f"{sum(u['bitwise_equal'] for u in pow2)}/{len(pow2)}" if pow2 else "-"
+    judged = [u for u in tiles if u.get("explained") is not None]  # schema v2: predicted against observed
+    ex = (f"  explained {sum(u['explained'] for u in judged)}/{len(judged)}, predicted "
+          f"{sum(u['n_predicted'] for u in judged)}, cause {sorted({u['cause'] for u in judged if u['cause']})}"
+          if judged else "")
     print(f"{d.name.removeprefix('conform-'):58s} {rep['verdict']:8s} {rep['equivalence']:11s} {r:30s} {p:8s} "
-          f"{em['status']}")
+          f"{em['status']}{ex}")
 print("\n== bench (TOPS, CUDA-graph timed; N = K = 4096) ==")
 try:
     rows = json.loads((R / "bench" / "bench.json").read_text())["results"]
