@@ -52,14 +52,17 @@ def _exact_differing(t) -> int:
 
 
 def test_emulator_orders_report_the_exact_number_of_differing_elements_per_tile(tmp_path):
+    """report.json is schema `alibi.conform/v2` since issue 12 (typed results, predicted against observed);
+    a unit keeps the v1 keys and the declared models' prediction equals the exact count too."""
     tiles = write_foreign_tiles(tmp_path / "tiles")
     assert main(["conform", *EMU, "--tiles", str(tiles), "--out", str(tmp_path / "r"), "--quiet"]) == 0
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert report["schema"] == "alibi.conform/v1" and report["verdict"] == "pass"
+    assert report["schema"] == "alibi.conform/v2" and report["verdict"] == "pass"
     for u in report["tiles"]:
         t = divergent_tile(seed=int(u["tile"].removeprefix("layer")))
         want = _exact_differing(t)
         assert u["n_differing"] == (want if u["regime"] == "real" else 0)
+        assert u["n_predicted"] == u["n_differing"] and u["explained"] is True
         assert want > 0
         for key in ("tile", "regime", "M", "K", "N", "n_elements", "max_ulp", "bitwise_equal", "max_abs_acc",
                     "headroom_bits"):

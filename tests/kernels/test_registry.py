@@ -52,7 +52,7 @@ def test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform(install
     kernel = get_kernel("acme-int8")
     assert type(kernel).__module__ == "acme_kernels" and kernel.epilogue.name == "w_then_a+fma"
     report = assert_interchangeable("acme-int8", "emulator:w_then_a", "tiny")
-    assert report["equivalence"] == "bitwise" and report["kernel_a"]["name"] == "acme-int8"
+    assert report.equivalence == "bitwise" and report.kernel_a.name == "acme-int8"
 
 
 def test_an_entry_point_that_does_not_return_a_kernel_is_refused(installed_plugin):
