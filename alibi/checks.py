@@ -70,7 +70,8 @@ def lossless_fp32_entry(pred: Prediction | None) -> Verdict:
     """Fires when the exact max|acc| exceeds 2²⁴: some accumulators may round entering fp32."""
     if pred is None:
         return inapplicable("lossless-fp32-entry", "not an int8 tile: no integer accumulator")
-    ev = {"max_abs_acc": pred.max_abs_acc, "headroom_bits": pred.headroom_bits}
+    # headroom is infinite for an all-zero accumulator: JSON has no infinity, so it is recorded as None
+    ev = {"max_abs_acc": pred.max_abs_acc, "headroom_bits": None if math.isinf(pred.headroom_bits) else pred.headroom_bits}
     if not pred.fp32_lossless:
         return fired("lossless-fp32-entry", f"max|acc| = {pred.max_abs_acc} > 2^24: conversion to fp32 rounds; "
                       "per-value judgement needed", evidence=ev)
@@ -165,20 +166,26 @@ class NearZero:
     max_rel_diff_above_floor: float | None
 
 
-def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None, out_dtype: str) -> NearZero:
-    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N])."""
-    if exact is None or exact.numel() == 0:
-        return NearZero(None, None, None, None, None)
+def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[float, torch.Tensor]:
+    """The floor (2^-p · the largest finite exact |value|) and the mask of elements below it; an exact
+    zero is near zero whatever the floor (its ulp and relative differences mean nothing)."""
     mag = exact.abs()
     finite_mag = mag[torch.isfinite(mag)]
     top = float(finite_mag.max()) if finite_mag.numel() else 0.0
     floor = math.ldexp(top, -SIGNIFICAND_BITS[out_dtype])
-    near = mag < floor
+    return floor, (mag < floor) | (mag == 0)
+
+
+def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None, out_dtype: str) -> NearZero:
+    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N])."""
+    if exact is None or exact.numel() == 0:
+        return NearZero(None, None, None, None, None)
+    floor, near = near_zero_mask(exact, out_dtype)
     differs = ~bitwise_equal_mask(out_a, out_b)
     d = ulp_distance(out_a, out_b)
     above = (d >= 0) & ~near
     ulp = d[above]
-    rel = ((out_a.double() - out_b.double()).abs() / mag)[above & differs]
+    rel = ((out_a.double() - out_b.double()).abs() / exact.abs())[above & differs]
     return NearZero(floor, int(near.sum()), int((near & differs).sum()),
                     int(ulp.max()) if ulp.numel() else None,
                     float(rel.max()) if rel.numel() else (0.0 if bool(above.any()) else None))
@@ -204,12 +211,15 @@ def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: 
     if near is not None:
         near_d = d[finite & near]
         ev.update(n_near_zero=int(near.sum()), max_ulp_near_zero=int(near_d.max()) if near_d.numel() else None)
-    if max_ulp is None and not bool(nonfinite_mismatch.any()):
+    if not bool(finite.any()) and not bool(nonfinite_mismatch.any()):
         return inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
                              evidence=ev)
     if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
         return fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
                       f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
+    if max_ulp is None:  # finite pairs, every one of them near zero
+        return passed("real-scale-tolerance", "every finite output is near zero (reported apart)", threshold=threshold,
+                      evidence=ev)
     return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}"
                   + (" above the near-zero floor" if near is not None else ""), threshold=threshold, evidence=ev)
 

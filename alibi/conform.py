@@ -303,7 +303,7 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
             cause = difference_cause(ma, mb, acc, t) if bool(predicted.any()) else None
         near = checks.near_zero(out_a, out_b, exact, dtype_name(t.out_dtype))
-        near_mask = None if exact is None else exact.abs() < near.floor
+        near_mask = None if exact is None else checks.near_zero_mask(exact, dtype_name(t.out_dtype))[1]
         verdicts = [
             checks.shared_operands(_operand_dict(ta), _operand_dict(tb)),
             checks.int32_no_overflow(pred, t.K),

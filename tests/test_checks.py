@@ -450,8 +450,6 @@ def _all_zero_tile():
                 torch.ones(3)).validate()
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: alibi/checks.py lossless_fp32_entry puts headroom_bits = inf "
-                   "(all-zero accumulator) into its verdict's evidence, and Report.to_json (allow_nan=False) refuses it")
 def test_a_tile_whose_accumulators_are_all_zero_gives_a_report_that_serializes():
     """max|acc| = 0 has infinite headroom; the unit already writes that as null (`headroom_bits`), and the
     lossless-fp32-entry verdict must too, or `alibi conform` dies writing report.json."""
@@ -473,9 +471,6 @@ class SignedZeroes(Reference):
         return torch.where(out == 0, -out, out)
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: alibi/checks.py near_zero divides by |exact| = 0 when the "
-                   "floor is 0 (every exact value zero), so max_rel_diff_above_floor is NaN, which report.json "
-                   "cannot hold (allow_nan=False)")
 def test_a_sign_bit_difference_on_an_all_zero_tile_has_no_nan_relative_difference():
     """Every exact value of this tile is 0, so the near-zero floor is 0 and no element counts as near zero;
     an arm returning −0 for +0 differs in the sign bit only (0 ulp). The epilogue-model check fires, and

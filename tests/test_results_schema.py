@@ -7,8 +7,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
+
+jsonschema = pytest.importorskip("jsonschema", reason="needs jsonschema (pip install 'integer-alibi[test]')")
 
 from alibi.conform import Pair, run_conformance, source_from_preset
 from alibi.kernels import get_kernel

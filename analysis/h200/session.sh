@@ -61,6 +61,12 @@ case $STAGE in
     fi
     stamp "capture: $(ls "$W/capture" | grep -c safetensors) tiles"
     bash analysis/h200/pipeline.sh "$W/capture" ;;
+  gpu-tests)  # every GPU test (vLLM's too when an earlier vllm call left its files in /tmp/alibi-vllm)
+    V=/tmp/alibi-vllm
+    [ -f "$V/_C_stable_libtorch.abi3.so" ] && export ALIBI_VLLM_OPS=$V/_C_stable_libtorch.abi3.so ALIBI_VLLM_TRITON=$V/triton_scaled_mm.py
+    timeout 420 python -m pytest -q -m gpu tests -p no:cacheprovider --continue-on-collection-errors \
+      --junitxml "$OUT/pytest-gpu-junit.xml" > "$OUT/pytest-gpu.txt" 2>&1
+    stamp "GPU tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.txt" | head -20; tail -2 "$OUT/pytest-gpu.txt" ;;
   before)  # (GGUF part aa) the old pipeline's conformance throughput on the Qwen3-1.7B preset at M = 512
     stash_gguf_part
     python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --preset qwen3-1.7b --rows 512 \
