@@ -384,6 +384,11 @@ def _loadable_name(fh: BinaryIO, path: Path) -> str:
 
 
 _LOADED: dict[Path, tuple[ctypes.CDLL, LibraryCheck]] = {}
+# The descriptor each library was loaded through stays open for the life of the process: `dlopen`
+# recognises an already loaded library by its name, so a closed `/proc/self/fd/<n>` whose number is
+# reused for the next library would hand back the first library's handle (seen on the H200: the fp8
+# library "lacked" its symbols because the int8 library had been loaded as /proc/self/fd/53 before).
+_LOADED_THROUGH: list[BinaryIO] = []
 
 
 def load_path(path: Path) -> tuple[ctypes.CDLL, LibraryCheck]:
@@ -393,12 +398,16 @@ def load_path(path: Path) -> tuple[ctypes.CDLL, LibraryCheck]:
             fh = open(path, "rb")
         except OSError as exc:
             raise KernelUnavailable(f"cannot open {path} ({exc.strerror}); delete it to force a rebuild") from None
-        with fh:
+        try:
             check = verify_library(path, fh)
-            try:
-                handle = ctypes.CDLL(_loadable_name(fh, path))
-            except OSError as exc:
-                raise KernelUnavailable(f"cannot load {path} ({exc}); delete it to force a rebuild") from None
+            handle = ctypes.CDLL(_loadable_name(fh, path))
+        except OSError as exc:
+            fh.close()
+            raise KernelUnavailable(f"cannot load {path} ({exc}); delete it to force a rebuild") from None
+        except BaseException:
+            fh.close()
+            raise
+        _LOADED_THROUGH.append(fh)
         _LOADED[path] = (handle, check)
     return _LOADED[path]
 

@@ -177,7 +177,7 @@ def test_cutlass_picks_the_sm90_path_on_hopper_and_reports_it_in_evidence():
 
     a, s_a, w, s_w, _ = _operands(16, 64, 64, seed=0)
     kernel = get_kernel("cutlass")
-    result = kernel.run(Tile("t", a, s_a, w, s_w))
+    result = kernel.run(Tile("t", a, s_a, w, s_w), accumulator=True)
     assert "sm_90a" in result.evidence["code_path"]
     assert result.acc is not None and torch.equal(result.acc.to(torch.int64), exact_accumulator(a, w))
 

@@ -208,3 +208,18 @@ def test_the_cache_key_computed_today_is_the_full_key_recorded_when_the_cached_l
     if not path.is_file():
         pytest.skip(f"no library cached under today's key ({path.name}): the sources or toolchain changed")
     assert nvcc.build_record(path)["key"] == nvcc.build_key(lib, nv, inc)
+
+
+@needs_cc
+def test_two_libraries_loaded_one_after_the_other_each_give_their_own_code(cached):
+    """dlopen knows loaded libraries by name: had the first library's /proc/self/fd/<n> been closed, the
+    second would get the same name and the first library's handle (the H200 fp8 library lost its symbols
+    that way). Each load must hand back the library it verified."""
+    second_key = "fedcba9876543210fedc" + "5" * 44
+    other = nvcc.install(_compile(cached.parent / ".work.other", "second"),
+                         cached.parent / f"{NAME}-{second_key[:20]}.so", {"library": NAME, "key": second_key})
+    first, _ = nvcc.load_path(cached)
+    second, _ = nvcc.load_path(other)
+    for handle in (first, second):
+        handle.alibi_path.restype = ctypes.c_char_p
+    assert (first.alibi_path(), second.alibi_path()) == (b"original", b"second")
