@@ -1,0 +1,53 @@
+"""`alibi bench conform`: the pipeline's wall time split by stage, with the same results on every check device."""
+
+from __future__ import annotations
+
+import pytest
+
+from alibi.bench_conform import ConformBench, bench_conform
+from alibi.cli import main
+from alibi.conform import Pair, StageTimer, run_conformance, source_from_preset
+from alibi.kernels import get_kernel
+
+
+def test_the_stage_split_adds_up_to_no_more_than_the_wall_time_and_every_stage_ran():
+    pair = Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test")
+    result = bench_conform(pair, source_from_preset("smollm2-135m-bias", rows=8), devices=["cpu"], repeats=2)
+    (t,) = result.timings
+    assert set(t.stage_seconds) == set(StageTimer.STAGES) and all(v > 0 for v in t.stage_seconds.values())
+    assert sum(t.stage_seconds.values()) <= t.total_seconds * 1.05  # the stages are parts of the run
+    assert t.total_spread[0] <= t.total_seconds <= t.total_spread[1]
+    tiles = source_from_preset("smollm2-135m-bias", rows=8).tiles
+    assert result.units == 2 * len(tiles) and result.output_elements == 2 * sum(t.M * t.N for t in tiles)
+    assert result.identical_results and result.verdict == "pass"
+
+
+def test_timing_the_pipeline_does_not_change_its_report():
+    pair = Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test")
+    source = source_from_preset("tiny")
+    plain = run_conformance(pair, source, created_at=None)
+    timed = run_conformance(pair, source, created_at=None, timer=StageTimer())
+    assert timed.to_json() == plain.to_json()
+
+
+def test_the_cli_writes_a_result_that_reads_back_and_refuses_cuda_without_a_gpu(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "conform", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w", "--synthetic",
+                 "tiny", "--repeats", "1", "--check-devices", "cpu", "--quiet", "--out", str(out)]) == 0
+    result = ConformBench.from_json(out.read_text())
+    assert result.kernel_a == "torch-cpu" and result.timings[0].check_device == "cpu"
+    assert "M elem/s" in capsys.readouterr().out
+    import torch
+
+    if not torch.cuda.is_available():
+        again = tmp_path / "c.json"
+        assert main(["bench", "conform", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w",
+                     "--synthetic", "tiny", "--check-devices", "cuda", "--out", str(again)]) == 3
+        assert not again.exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--check-devices", "tpu")])
+def test_bad_flags_are_refused_with_exit_2_and_nothing_written(tmp_path, flag, value):
+    out = tmp_path / "b.json"
+    assert main(["bench", "conform", "--synthetic", "tiny", flag, value, "--out", str(out)]) == 2
+    assert not out.exists()
