@@ -21,6 +21,7 @@ fixes it for reproducible builds).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -471,7 +472,7 @@ def _read_unit(path: Path, tile: str, regime: str) -> tuple[UnitResult, dict[str
         evidence = doc["evidence"]
     except (InputError, OSError, UnicodeError, KeyError, TypeError, ValueError):
         raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
-    if doc.get("schema") != UNIT_SCHEMA or _canonical(doc) != text or unit.tile != tile or unit.regime != regime:
+    if doc.get("schema") != UNIT_SCHEMA or _unit_text(doc) != text or unit.tile != tile or unit.regime != regime:
         raise InputError(f"{one_line(str(path))}: does not hold the result of this unit; delete it and resume")
     return unit, evidence
 
@@ -552,14 +553,63 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
             unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
                                            invariance=invariance, timer=timer)
             if path is not None:
-                atomic.write_text(path, _canonical({"schema": UNIT_SCHEMA, "unit": unit.as_dict(),
-                                                    "evidence": evidence}))
+                _write_unit(path, unit, evidence)
             note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
         units.append(unit)
         if progress:
             progress(n, len(plan), f"{tile.name} [{regime}] {note}")
     return summarize(units, pair, source=source.record, seed=seed, regimes=regimes, environment=environment(),
                      created_at=created, evidence=evidence, replay=replay)
+
+
+def _unit_text(doc: dict[str, Any]) -> str:
+    """A unit file's text. Key order is kept (not sorted): a report assembled from units read back must have
+    the bytes of one built from units just computed."""
+    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _write_unit(path: Path, unit: UnitResult, evidence: dict[str, dict[str, Any]]) -> None:
+    atomic.write_text(path, _unit_text({"schema": UNIT_SCHEMA, "unit": unit.as_dict(), "evidence": evidence}))
+
+
+def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
+                  tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
+                  invariance: bool = True, device: torch.device | str | None = None,
+                  progress: Callable[[str], None] | None = None) -> int:
+    """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
+    there atomically as it finishes; returns how many were computed. The work of one shard (a worker
+    process, a Ray task): a unit's bytes do not depend on which process computed it, so
+    `run_conformance(..., units_dir=units_dir, resume=True)` afterwards writes the report a single
+    process writes. The caller has started the folder (`start_units`); this never touches its plan.
+    """
+    regimes = validate_regimes(regimes)
+    device = check_device() if device is None else torch.device(device)
+    units_dir = Path(units_dir)
+    computed = 0
+    for i in tile_indices:
+        tile, prepared = source.tiles[i], None
+        for regime in regimes:
+            path = units_dir / f"{unit_id(i, tile.name, regime)}.json"
+            if path.exists():
+                continue
+            prepared = prepared or prepare(tile, device)
+            unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold, invariance=invariance)
+            _write_unit(path, unit, evidence)
+            computed += 1
+            if progress:
+                progress(f"{tile.name} [{regime}] {unit.n_differing} differing")
+    return computed
+
+
+def start_units(units_dir: str | Path, pair: Pair, source: TileSource, regimes: Iterable[str], *,
+                resume: bool = False, seed: int | None = None, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
+                invariance: bool = True, plan_parameters: dict[str, Any] | None = None,
+                created_at: Any = _NOW) -> str | None:
+    """Create (or, resuming, check) a units folder with the plan `run_conformance` would write for the same
+    arguments; returns the run's created_at. For callers that compute the units elsewhere first."""
+    params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
+    created = created_now() if created_at is _NOW else created_at
+    return _start_units(Path(units_dir), run_plan(pair, source, validate_regimes(regimes), params), resume, created)
 
 
 def exit_code(report: Report, strict: bool = False) -> int:
@@ -569,6 +619,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == "inconclusive") else 0
 
 
-__all__ = ["REGIMES", "SCHEMA", "Pair", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "evaluate_unit",
-           "exit_code", "prepare", "run_conformance", "source_from_dir", "source_from_preset", "source_from_tiles",
+__all__ = ["REGIMES", "SCHEMA", "Pair", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
+           "evaluate_unit", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
            "summarize"]
