@@ -38,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue a killed run into the same --out from the units it finished (same kernels, "
                         "tiles and flags; gives the bytes an uninterrupted run gives)")
+    shard = p.add_mutually_exclusive_group()
+    shard.add_argument("--devices", metavar="LIST",
+                       help="shard the units over worker processes, one per device: cuda:0,cuda:1,... or all (every "
+                            "visible GPU) or cpu:0,cpu:1,... (that many CPU workers); same report (docs/sharding.md)")
+    shard.add_argument("--ray", metavar="ADDRESS",
+                       help="shard the units as Ray tasks on the cluster at ADDRESS (local: a Ray started here); "
+                            "needs the ray extra and --out on a file system every node shares")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 
@@ -89,11 +96,37 @@ def run(args: argparse.Namespace) -> int:
               f"tiles × {len(regimes)} regimes" + (" (resuming)" if args.resume else ""), file=sys.stderr)
     parameters = {"regimes": regimes, "ulp_threshold": args.ulp_threshold, "invariance": not args.no_invariance,
                   **({"flip_threshold": replay.bound} if replay is not None else {})}
-    report = run_conformance(pair, source, regimes, units_dir=units, resume=args.resume,
+    plan_parameters = {"replay": None if replay is None else replay.resource()}
+    resume = args.resume
+    if args.devices is not None or args.ray is not None:
+        # The shards compute every unit into the units folder; run_conformance below then only reads them
+        # (resume=True), so the report is the one this command writes without sharding. The devices go into
+        # the manifest's parameters only: report.json and the plan do not depend on them.
+        from alibi.shard import SourceSpec, WorkerFailed, parse_devices, run_sharded
+
+        if replay is not None:
+            replay.require_pair(pair.a.name, pair.b.name)  # refused before the shards work, not after
+        spec = (SourceSpec(folder=str(args.tiles)) if args.tiles is not None else
+                SourceSpec(preset=args.synthetic or DEFAULT_PRESET, seed=args.seed, rows=args.rows))
+        try:
+            sharded = run_sharded(args.kernel_a, args.kernel_b, spec, regimes, units,
+                                  None if args.devices is None else parse_devices(args.devices), ray_address=args.ray,
+                                  ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
+                                  resume=args.resume, seed=args.seed if args.tiles is None else None,
+                                  plan_parameters=plan_parameters, source=source, quiet=args.quiet)
+        except WorkerFailed as exc:  # InputError and KernelUnavailable pass up to main (exit 2, 3)
+            print(f"alibi: error: {one_line(str(exc))}", file=sys.stderr)
+            return exc.exit_code
+        parameters["sharding"] = sharded.manifest_record()
+        resume = True
+        if not args.quiet:
+            print(f"alibi conform: {sum(sharded.computed)} units computed by {len(sharded.devices)} shard(s) "
+                  f"({sharded.engine}) in {sharded.wall_s:.1f} s; assembling the report", file=sys.stderr)
+    report = run_conformance(pair, source, regimes, units_dir=units, resume=resume,
                              seed=args.seed if args.tiles is None else None, ulp_threshold=args.ulp_threshold,
                              invariance=not args.no_invariance, replay=replay,
                              progress=None if args.quiet else progress_printer(),
-                             plan_parameters={"replay": None if replay is None else replay.resource()})
+                             plan_parameters=plan_parameters)
     # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
     # report (or none), never some of the new files; the finished units go only after that.
     with atomic.staged_dir(args.out) as stage:
