@@ -154,8 +154,9 @@ def parse_devices(text: str) -> tuple[str, ...]:
         devices = tuple(d.strip() for d in text.split(",") if d.strip())
         bad = [d for d in devices if not _DEVICE.match(d)]
         if not devices or bad:
+            what = repr(one_line(bad[0])) if bad else "an empty list"
             raise InputError(f"--devices {one_line(text)!r}: give cuda:0,cuda:1,... or all or cpu:0,cpu:1,... "
-                             f"(not {one_line(bad[0]) if bad else 'an empty list'!r})")
+                             f"(not {what})")
         if len(set(devices)) != len(devices):
             raise InputError(f"--devices {one_line(text)!r} names a device twice; give each once")
         if len({d.split(':')[0] for d in devices}) > 1:
