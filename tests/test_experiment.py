@@ -72,12 +72,14 @@ def test_a_malformed_experiment_file_is_refused_with_the_reason(tmp_path, fields
 
 
 def test_a_run_writes_units_a_report_and_a_manifest_that_verifies(tmp_path):
+    """Issue 12: the units folder is the one pipeline's (`run_conformance(units_dir=...)`), so beside the
+    four unit files it holds that pipeline's `plan.json` (what `--resume` recognises the run by)."""
     result = run_experiment(load_experiment(_experiment(tmp_path)))
     out = tmp_path / "out"
-    assert result.exit_code == 0 and result.report["verdict"] == "pass"
+    assert result.exit_code == 0 and result.report.verdict == "pass"
     assert sorted(p.name for p in (out / "units").iterdir()) == [
         "0000-pow2-layers.0.proj.json", "0000-real-layers.0.proj.json",
-        "0001-pow2-layers.0.wide.json", "0001-real-layers.0.wide.json"]
+        "0001-pow2-layers.0.wide.json", "0001-real-layers.0.wide.json", "plan.json"]
     assert verify_files(out) == []
     m = read_manifest(out)
     assert m.kind == "experiment-run"
@@ -86,7 +88,7 @@ def test_a_run_writes_units_a_report_and_a_manifest_that_verifies(tmp_path):
     assert m.predicate["arms"]["b"]["epilogue_model"] == "a_then_w+fma"
     assert m.predicate["inputs"]["tiles"]["name"] == "synthetic:tiny"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m.predicate["run"]["created_at"])
-    assert result.report["created_at"] is None  # the manifest holds the run's one timestamp
+    assert result.report.created_at is None  # the manifest holds the run's one timestamp
 
 
 def test_a_fresh_run_refuses_a_folder_that_already_holds_results(tmp_path):
@@ -195,7 +197,8 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run_apart_from_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_before_kill = sorted(p.name for p in (killed / "units").iterdir())
-    assert done_before_kill == ["0000-pow2-layers.0.proj.json", "0000-real-layers.0.proj.json"]
+    # Issue 12: the units folder also holds the pipeline's plan.json, written before the first unit.
+    assert done_before_kill == ["0000-pow2-layers.0.proj.json", "0000-real-layers.0.proj.json", "plan.json"]
     assert not (killed / "manifest.json").exists() and not (killed / "report").exists()
 
     resumed = _alibi_run([str(exp), "--out", str(killed), "--resume"], {})
@@ -230,15 +233,15 @@ def _replay(tmp_path: Path) -> Path:
 
 
 def _check7(report):
-    return next(c for c in report["checks"] if c["check"] == "token-level-risk")
+    return report.check("token-level-risk")
 
 
 def test_an_experiment_replay_makes_check_7_applicable_and_pins_the_flips_json(tmp_path):
     flips = _replay(tmp_path)
     result = run_experiment(load_experiment(_experiment(tmp_path, replay=str(flips), flip_threshold=0.3)))
     check = _check7(result.report)
-    assert check["status"] == "passed" and check["threshold"] == 0.3 and check["evidence"]["flip_rate"] == 0.25
-    assert result.exit_code == 0 and result.report["replay"]["path"] == str(flips)
+    assert check.status == "passed" and check.threshold == 0.3 and check.evidence["flip_rate"] == 0.25
+    assert result.exit_code == 0 and result.report.replay["path"] == str(flips)
     m = read_manifest(tmp_path / "out")
     from alibi.governance.manifest import sha256_file
 
@@ -248,13 +251,13 @@ def test_an_experiment_replay_makes_check_7_applicable_and_pins_the_flips_json(t
 
 def test_an_experiment_replay_above_the_default_bound_fires_check_7(tmp_path):
     result = run_experiment(load_experiment(_experiment(tmp_path, replay=str(_replay(tmp_path)))))
-    assert _check7(result.report)["status"] == "fired" and _check7(result.report)["threshold"] == 0.05
+    assert _check7(result.report).status == "fired" and _check7(result.report).threshold == 0.05
     assert result.exit_code == 1
 
 
 def test_without_replay_check_7_stays_inapplicable_and_the_run_record_has_no_replay(tmp_path):
     result = run_experiment(load_experiment(_experiment(tmp_path)))
-    assert _check7(result.report)["status"] == "inapplicable"
+    assert _check7(result.report).status == "inapplicable"
     assert "replay" not in json.loads((tmp_path / "out" / "run.json").read_text())["experiment"]
 
 

@@ -133,10 +133,60 @@ def test_conform_killed_at_any_write_leaves_the_old_report_or_the_complete_new_o
     states = kill_everywhere(tmp_path, ["conform", *EMU, "--synthetic", "tiny", "--seed", "2", "--out", str(out)],
                              out, old, preload=("alibi.conform", "alibi.report", "alibi.html"), keep_stages=True)
     seen = judge(states, old, complete)
-    assert seen["new"] >= 1 and len(states) >= 6  # html, md, junit, json, manifest in the stage, then the swap
+    # Issue 12: plan.json and 4 units in the hidden .report.units first, then html, md, junit, json, manifest in
+    # the stage, then the swap (was >= 6 before the units were kept for --resume)
+    assert seen["new"] >= 1 and len(states) >= 11
     assert stages_left(states) >= 1  # kills inside the stage leave it; the next run removes it:
     argv = ["conform", *EMU, "--synthetic", "tiny", "--seed", "2", "--out", str(out)]
     assert rerun_removes_every_stage(states, out, argv, complete) >= 1
+
+
+REPORT_FILES = {"report.json", "report.md", "junit.xml", "report.html", "manifest.json"}
+
+
+def test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    """Issue 12: `alibi conform` keeps each finished unit in `.<out>.units/` (with its `plan.json`) while it
+    runs and stages the report folder, renaming it into place once. So every state a kill leaves is the
+    absent report or the complete one, and `--resume` from it (a plain run where no plan was written yet,
+    which `--resume` refuses) gives the very bytes of a straight run, leaving nothing hidden beside it.
+    SOURCE_DATE_EPOCH fixes `created_at`, the report's one wall-clock field."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")  # inherited by the harness's children too
+
+    def argv(out: Path) -> list[str]:
+        return ["conform", *EMU, "--synthetic", "tiny", "--out", str(out)]
+
+    straight, out = tmp_path / "straight", tmp_path / "report"
+    assert main(argv(straight)) == 0
+    want = _tree(straight)
+    assert set(want) == REPORT_FILES and verify_files(straight) == [] and stages_beside(straight) == []
+    assert json.loads(want["report.json"])["created_at"] == "2026-01-01T00:00:00Z"
+
+    states = kill_everywhere(tmp_path, argv(out), out, None,
+                             preload=("alibi.conform", "alibi.report", "alibi.html"), keep_stages=True)
+    # plan.json and 4 units (2 tiles × 2 regimes) in .report.units, 5 files in the stage, its rename, done
+    assert len(states) >= 12
+    *killed, (_, done) = states
+    assert _tree(done / "out") == want and json.loads((done / "stages.json").read_text()) == []
+    resumed_with_units = finished_stage = 0
+    for k, snap in killed:
+        left = _tree(snap / "out")
+        assert left is None or left == want, f"the kill before commit {k} left a partial report folder"
+        names = restore_killed_state(snap, out)
+        plan = out.parent / f".{out.name}.units" / "plan.json"
+        if plan.is_file():
+            units = [p for p in plan.parent.glob("*.json") if p != plan]
+            resumed_with_units += bool(units)
+            finished_stage += len(units) == 4 and any(n != f".{out.name}.units" for n in names)
+            assert main([*argv(out), "--resume"]) == 0, f"kill point {k}: --resume failed"
+        else:  # killed before the plan was written: nothing to resume, and --resume says so, changing nothing
+            before = (_tree(out), [p.name for p in stages_beside(out)])
+            assert main([*argv(out), "--resume"]) == 2
+            assert (_tree(out), [p.name for p in stages_beside(out)]) == before
+            assert main(argv(out)) == 0, f"kill point {k}: the fresh run failed"
+        assert _tree(out) == want, f"the conform killed before commit {k} resumed to different bytes"
+        assert stages_beside(out) == [], f"kill point {k}: something hidden was left beside the report"
+    assert resumed_with_units >= 4  # resumed mid-run, with 1 to 4 units done earlier
+    assert finished_stage >= 1  # and killed at the final writes, with every unit done and the stage begun
 
 
 # --- pow2-rewrite --overwrite ------------------------------------------------------------------

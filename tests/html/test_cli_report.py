@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from alibi.cli import main
 from alibi.governance.manifest import verify_files
 from alibi.html import render_folder
+from alibi.html.sections.conform import SCHEMAS
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "analysis/results/h200"
@@ -56,8 +58,9 @@ def test_a_folder_without_a_result_is_refused_naming_what_was_looked_for(tmp_pat
 def test_a_report_of_another_schema_is_refused_and_nothing_is_written(fired_run, tmp_path, capsys):
     folder = tmp_path / "odd"
     folder.mkdir()
-    text = (fired_run / "report.json").read_text(encoding="utf-8")
-    (folder / "report.json").write_text(text.replace('"alibi.conform/v1"', '"alibi.conform/v0"'), encoding="utf-8")
+    doc = json.loads((fired_run / "report.json").read_text(encoding="utf-8"))
+    assert doc["schema"] in SCHEMAS  # a schema the page reads, so only the change below can refuse it
+    (folder / "report.json").write_text(json.dumps({**doc, "schema": "alibi.conform/v0"}), encoding="utf-8")
     assert main(["report", "html", str(folder)]) == 2
     assert "alibi.conform/v0" in capsys.readouterr().err and not (folder / "report.html").exists()
 

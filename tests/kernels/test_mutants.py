@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from alibi.conform import Pair, conform, evaluate_unit
+from alibi.conform import Pair, check_device, evaluate_unit, prepare, run_conformance, source_from_tiles
 from alibi.emulator import (
     BIAS_MODES,
     ORDERS,
@@ -53,6 +53,12 @@ ISSUE_NAMES = ["scale-bf16", "double-round", "reassociate", "truncate-cast", "sc
                "fp32-accumulate", "null", "operand-step", "scale-ulp", "reseed", "flush-subnormal",
                "m-dependent-order", "splitk-fp32", "sat16-pairs", "nondeterministic", "unfused-bias", "ignore-bias",
                "wrong-row-scale"]
+
+
+def _unit(kernel_a, kernel_b, tile, regime, **kw):
+    """One unit of the conformance pipeline: `tile` prepared on the check device, both arms run under `regime`."""
+    unit, _evidence = evaluate_unit(Pair(kernel_a, kernel_b, "test"), prepare(tile, check_device()), regime, **kw)
+    return unit
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +224,7 @@ def test_nondeterministic_mutant_gives_different_bits_from_one_run_to_the_next(t
 def test_null_mutant_is_bitwise_its_base_on_every_exposing_tile(tiles):
     base, null = get_kernel("torch-cpu"), get_kernel("mutant:null:torch-cpu")
     for tile in tiles.values():
-        a, b = base.run(tile), null.run(copy(tile))
+        a, b = base.run(tile, accumulator=True), null.run(copy(tile), accumulator=True)
         assert bitwise_equal(a.out, b.out) and torch.equal(a.acc, b.acc)
 
 
@@ -235,7 +241,7 @@ def test_severity_one_changes_exactly_one_element_and_pct_about_one_percent(tile
 
 def test_int32_wrap_exposes_a_sign_flipped_accumulator_that_check_4_sees(tiles):
     tile = tiles["epilogue-probe"]
-    result = get_kernel("mutant:int32-wrap:torch-cpu").run(copy(tile))
+    result = get_kernel("mutant:int32-wrap:torch-cpu").run(copy(tile), accumulator=True)
     exact = exact_accumulator(tile.a_q, tile.w_q)
     assert torch.equal(result.acc.long(), int32_wrap(exact + 2**31).long())
     nonzero = exact != 0
@@ -252,9 +258,9 @@ def test_a_faithful_int32_wrap_is_invisible_against_an_int32_base_and_check_2_fl
     assert int(exact[0, 0]) == 128 * 128 * K > 2**31
     assert torch.equal(get_kernel("torch-cpu").accumulator(a, w), int32_wrap(exact))
     tile = Tile("deep", a, torch.ones(1), w, torch.ones(2))
-    unit = evaluate_unit(get_kernel("torch-cpu"), get_kernel("mutant:null:torch-cpu"), tile, "real", invariance=False)
-    assert unit["verdicts"]["int32-no-overflow"]["status"] == "fired"
-    assert unit["bitwise_equal"]
+    unit = _unit(get_kernel("torch-cpu"), get_kernel("mutant:null:torch-cpu"), tile, "real", invariance=False)
+    assert unit.verdict("int32-no-overflow").status == "fired"
+    assert unit.bitwise_equal
 
 
 def test_fp32_reductions_are_exact_while_partial_sums_stay_below_2_pow_24_and_round_beyond(tiles):
@@ -262,9 +268,9 @@ def test_fp32_reductions_are_exact_while_partial_sums_stay_below_2_pow_24_and_ro
     assert exact_accumulator(partials.a_q, partials.w_q).abs().max() <= 128  # check 3 stays silent on it
     for name in ("fp32-accumulate", "splitk-fp32"):
         mutant = get_kernel(f"mutant:{name}:torch-cpu")
-        probe_run = mutant.run(copy(probe))
+        probe_run = mutant.run(copy(probe), accumulator=True)
         assert torch.equal(probe_run.acc.long(), exact_accumulator(probe.a_q, probe.w_q)), name
-        wrong = mutant.run(copy(partials)).acc.long() != exact_accumulator(partials.a_q, partials.w_q)
+        wrong = mutant.run(copy(partials), accumulator=True).acc.long() != exact_accumulator(partials.a_q, partials.w_q)
         assert bool(wrong.any()), name
 
 
@@ -322,17 +328,17 @@ def test_operand_faults_rewrite_the_operands_the_arm_holds_and_conform_s_tile_st
     else:
         assert int(diff.sum()) == n_changed
     before = copy(tile)
-    unit = evaluate_unit(get_kernel("torch-cpu"), get_kernel(f"mutant:{name}@one:torch-cpu"), tile, "real",
-                         invariance=False)
-    assert unit["verdicts"]["shared-operands"]["status"] == "fired"
+    unit = _unit(get_kernel("torch-cpu"), get_kernel(f"mutant:{name}@one:torch-cpu"), tile, "real", invariance=False)
+    assert unit.verdict("shared-operands").status == "fired"
     for key in ("a_q", "s_a", "w_q", "s_w"):
         assert torch.equal(getattr(tile, key), getattr(before, key))
 
 
 def test_a_mutant_of_a_faulty_fp32_partials_tile_is_caught_by_check_4_while_checks_2_and_3_stay_silent(tiles):
-    report = conform(Pair(get_kernel("torch-cpu"), get_kernel("mutant:fp32-accumulate:torch-cpu"), "test"),
-                     [tiles["fp32-partials"]], ["real"], source={"label": "fp32-partials"}, invariance=False)
-    by = {c["check"]: c["status"] for c in report["checks"]}
+    report = run_conformance(Pair(get_kernel("torch-cpu"), get_kernel("mutant:fp32-accumulate:torch-cpu"), "test"),
+                             source_from_tiles([tiles["fp32-partials"]], label="fp32-partials"), ["real"],
+                             invariance=False)
+    by = {c.check: c.status for c in report.checks}
     assert by["exact-accumulator"] == "fired"
     assert by["int32-no-overflow"] == by["lossless-fp32-entry"] == "passed"
 
@@ -356,7 +362,7 @@ def test_native_triton_variants_equal_their_wrapper_around_triton_bit_for_bit(ti
     assert native.epilogue == wrapper.epilogue == get_kernel("triton").epilogue
     tile = small_partials if name in ("fp32-accumulate", "splitk-fp32") else tiles["epilogue-probe"].rows(
         torch.arange(0, 8))
-    a, b = native.run(copy(tile)), wrapper.run(copy(tile))
+    a, b = native.run(copy(tile), accumulator=True), wrapper.run(copy(tile), accumulator=True)
     assert bitwise_equal(a.out, b.out) and torch.equal(a.acc, b.acc)
     assert changed(a.out, get_kernel("triton").run(tile).out) > 0
 
