@@ -1,7 +1,8 @@
-"""The two ways a request can fail before any check runs, each with its own exit code.
+"""The ways a request can fail other than a check firing, each with its own exit code.
 
 A check that *fires* is not an error: it is a result (exit 1). These exceptions are for input the
-toolkit refuses (exit 2) and for kernels that cannot run on this machine (exit 3). Messages name
+toolkit refuses (exit 2), for kernels that cannot run on this machine (exit 3) and for a shard of a
+sharded run that failed otherwise (exit 4). Messages name
 the offending input and say what to do; the CLI prints them on one line.
 """
 
@@ -18,6 +19,13 @@ class KernelUnavailable(RuntimeError):
     """A requested kernel cannot run here: no CUDA, no nvcc, a missing package (exit code 3)."""
 
     exit_code = 3
+
+
+class WorkerFailed(RuntimeError):
+    """A shard of a run failed for a reason that is neither bad input (exit 2) nor an unavailable kernel
+    (exit 3): a kernel raised inside a worker, or a worker process died (exit code 4; `alibi.shard`)."""
+
+    exit_code = 4
 
 
 def one_line(text: str) -> str:

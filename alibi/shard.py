@@ -27,17 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alibi.errors import InputError, KernelUnavailable, one_line
+from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
 
 SHARD_RUN_SCHEMA = "alibi.shard-run/v1"
 _DEVICE = re.compile(r"^(cuda|cpu):(\d+)$")
 
 
-class WorkerFailed(RuntimeError):
-    """A shard failed for a reason that is neither bad input (exit 2) nor an unavailable kernel (exit 3):
-    a kernel raised, a worker process died. Exit code 4; the message is one line."""
-
-    exit_code = 4
 
 
 # --- what a shard needs to rebuild the run --------------------------------------------------------

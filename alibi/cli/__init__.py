@@ -19,7 +19,7 @@ import importlib
 import sys
 
 from alibi import __version__
-from alibi.errors import InputError, KernelUnavailable, one_line
+from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
 
 # Command modules, in the order `alibi --help` lists them.
 COMMAND_MODULES = [
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
-    except (InputError, KernelUnavailable) as exc:
+    except (InputError, KernelUnavailable, WorkerFailed) as exc:
         print(f"alibi: error: {one_line(str(exc))}", file=sys.stderr)  # a path's newline cannot split it
         return exc.exit_code
     except KeyboardInterrupt:

@@ -46,7 +46,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="shard the units as Ray tasks on the cluster at ADDRESS (local: a Ray started here); "
                             "needs the ray extra and --out on a file system every node shares")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, interrupted=_interrupted)
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C leaves: no report, and the finished units (each written atomically) for --resume."""
+    units = units_dir(args.out)
+    done = len([p for p in units.glob("*.json") if p.name != "plan.json"]) if units.is_dir() else 0
+    if not (units / "plan.json").is_file():
+        return f"no report was written to {args.out}; run the command again"
+    return (f"no report was written to {args.out}; {done} finished unit(s) kept in {units}; continue with the same "
+            "command and --resume (without it the run starts afresh)")
 
 
 def units_dir(out: Path) -> Path:
@@ -102,21 +112,17 @@ def run(args: argparse.Namespace) -> int:
         # The shards compute every unit into the units folder; run_conformance below then only reads them
         # (resume=True), so the report is the one this command writes without sharding. The devices go into
         # the manifest's parameters only: report.json and the plan do not depend on them.
-        from alibi.shard import SourceSpec, WorkerFailed, parse_devices, run_sharded
+        from alibi.shard import SourceSpec, parse_devices, run_sharded
 
         if replay is not None:
             replay.require_pair(pair.a.name, pair.b.name)  # refused before the shards work, not after
         spec = (SourceSpec(folder=str(args.tiles)) if args.tiles is not None else
                 SourceSpec(preset=args.synthetic or DEFAULT_PRESET, seed=args.seed, rows=args.rows))
-        try:
-            sharded = run_sharded(args.kernel_a, args.kernel_b, spec, regimes, units,
-                                  None if args.devices is None else parse_devices(args.devices), ray_address=args.ray,
-                                  ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
-                                  resume=args.resume, seed=args.seed if args.tiles is None else None,
-                                  plan_parameters=plan_parameters, source=source, quiet=args.quiet)
-        except WorkerFailed as exc:  # InputError and KernelUnavailable pass up to main (exit 2, 3)
-            print(f"alibi: error: {one_line(str(exc))}", file=sys.stderr)
-            return exc.exit_code
+        sharded = run_sharded(args.kernel_a, args.kernel_b, spec, regimes, units,
+                              None if args.devices is None else parse_devices(args.devices), ray_address=args.ray,
+                              ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
+                              resume=args.resume, seed=args.seed if args.tiles is None else None,
+                              plan_parameters=plan_parameters, source=source, quiet=args.quiet)
         parameters["sharding"] = sharded.manifest_record()
         resume = True
         if not args.quiet:

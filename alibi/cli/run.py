@@ -29,10 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run, interrupted=_interrupted)
 
 
+PLAN_FILE = "plan.json"  # alibi.conform.PLAN_FILE, without importing torch at start-up
+
+
 def _interrupted(args: argparse.Namespace) -> str:
     """What Ctrl-C leaves: the finished units (each written atomically), and the command that continues."""
     out = args.out if args.out is not None else Path(load_experiment(args.experiment).out)
-    done = len(list((out / UNITS_DIR).glob("*.json")))
+    done = len([p for p in (out / UNITS_DIR).glob("*.json") if p.name != PLAN_FILE])  # plan.json is no unit
     again = f"alibi run {args.experiment}" + (f" --out {args.out}" if args.out is not None else "") + " --resume"
     return f"{done} finished unit(s) kept in {out / UNITS_DIR}; continue with: {again}"
 

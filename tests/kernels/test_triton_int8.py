@@ -172,7 +172,7 @@ def test_kernel_compiles_for_sm90_with_tensor_cores_and_no_fma_or_flush_to_zero(
 def test_run_on_a_tile_returns_output_accumulator_and_the_block_config_used(triton_kernel):
     a, s_a, w, s_w = _operands(5, 70, 9, seed=3)
     tile = Tile(name="t", a_q=a, s_a=s_a, w_q=w, s_w=s_w, bias=_bias(9, torch.bfloat16, 3))
-    result = triton_kernel.run(tile)
+    result = triton_kernel.run(tile, accumulator=True)
     assert bitwise_equal(result.out, _model(a, s_a, w, s_w, tile.bias, torch.bfloat16))
     assert result.acc.dtype == torch.int32 and torch.equal(result.acc.long(), exact_accumulator(a, w))
     assert result.evidence["block_config"]["block_m"] == block_config(5, 9, None if interpreted() else
