@@ -66,7 +66,17 @@ case $STAGE in
     [ -f "$V/_C_stable_libtorch.abi3.so" ] && export ALIBI_VLLM_OPS=$V/_C_stable_libtorch.abi3.so ALIBI_VLLM_TRITON=$V/triton_scaled_mm.py
     timeout 420 python -m pytest -q -m gpu tests -p no:cacheprovider --continue-on-collection-errors \
       --junitxml "$OUT/pytest-gpu-junit.xml" > "$OUT/pytest-gpu.txt" 2>&1
-    stamp "GPU tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.txt" | head -20; tail -2 "$OUT/pytest-gpu.txt" ;;
+    stamp "GPU tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.txt" | head -20; tail -2 "$OUT/pytest-gpu.txt"
+    # issue 15 on one GPU: the sharded path (--devices all = cuda:0 here) against the plain run, byte for byte
+    mkdir -p "$W/shard"; export SOURCE_DATE_EPOCH=1764547200
+    for how in plain sharded; do
+      extra=""; [ $how = sharded ] && extra="--devices all"
+      python -m alibi conform --kernel-a cutlass --kernel-b triton --synthetic qwen3-1.7b --quiet $extra \
+        --out "$W/shard/$how" > "$OUT/shard-$how.txt" 2>&1; stamp "conform $how rc=$?"
+    done
+    for f in report.json report.md junit.xml report.html; do
+      cmp -s "$W/shard/plain/$f" "$W/shard/sharded/$f" && echo "shard one GPU: $f identical" || echo "shard one GPU: $f DIFFERS"
+    done | tee "$OUT/shard-one-gpu.txt" ;;
   before)  # (GGUF part aa) the old pipeline's conformance throughput on the Qwen3-1.7B preset at M = 512
     stash_gguf_part
     python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --preset qwen3-1.7b --rows 512 \
