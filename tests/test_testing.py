@@ -13,10 +13,27 @@ from alibi.testing import NotInterchangeable, assert_interchangeable
 def test_interchangeable_kernels_return_the_report_for_further_assertions():
     """The label of a preset source now names its seed: issue 12 builds every source record in one place
     (`alibi.conform.source_from_preset`), the one `alibi conform --synthetic` already used."""
-    report = assert_interchangeable("emulator:w_then_a", "emulator:a_then_w", "tiny")
+    report = assert_interchangeable("emulator:w_then_a", "emulator:a_then_w", "epilogue-probe")
     assert isinstance(report, Report)
-    assert report.verdict == "pass" and report.source["label"] == "synthetic preset tiny (seed 0)"
+    assert report.verdict == "pass" and report.source["label"] == "synthetic preset epilogue-probe (seed 0)"
     assert report.units("pow2") and all(u.bitwise_equal for u in report.units("pow2"))
+    # The report is this run's: its real-scale counts are those of the two models applied directly.
+    assert [u.n_differing for u in report.units("real")] == _differing_by_models("epilogue-probe", seed=0)
+    assert sum(u.n_differing for u in report.units("real")) > 0  # the probe makes the orders disagree
+
+
+def _differing_by_models(preset: str, seed: int) -> list[int]:
+    """Per tile, the elements where w_then_a+fma and a_then_w+fma disagree, computed without the pipeline."""
+    from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+    from alibi.numerics import bitwise_equal_mask
+    from alibi.synthetic import synthetic_tiles
+
+    counts = []
+    for t in synthetic_tiles(preset, seed=seed):
+        acc = exact_accumulator(t.a_q, t.w_q)
+        a, b = (apply_epilogue(EpilogueModel(o), acc, t.s_a, t.s_w, t.bias, t.out_dtype) for o in ("w_then_a", "a_then_w"))
+        counts.append(int((~bitwise_equal_mask(a, b)).sum()))
+    return counts
 
 
 def test_a_faulty_kernel_raises_an_assertion_error_with_one_line_per_fired_check():
@@ -57,6 +74,9 @@ def test_tiles_may_be_given_as_a_folder_or_in_code(tmp_path):
         save_tile(t, tmp_path / f"{t.name}.safetensors")
     from_folder = assert_interchangeable("emulator:w_then_a", "emulator:a_then_w", tmp_path, regimes=["real"])
     in_code = assert_interchangeable("emulator:w_then_a", "emulator:a_then_w", tiles, regimes=["real"])
-    assert [u.n_differing for u in from_folder.tiles] == [u.n_differing for u in in_code.tiles]
+    assert [u.n_differing for u in from_folder.tiles] == [u.n_differing for u in in_code.tiles] \
+        == _differing_by_models("tiny", seed=4)
+    assert [u.tile for u in from_folder.tiles] == sorted(t.name for t in tiles)  # read from the folder, by file name
     assert from_folder.source["kind"] == in_code.source["kind"] == "tiles"
+    assert from_folder.source["path"] == str(tmp_path) and "path" not in in_code.source
     assert all(torch.equal(t.a_q, b) for t, b in zip(tiles, before, strict=True))  # the caller's tiles are unchanged
