@@ -21,7 +21,6 @@ and the lock and head hashes that every result produced under the protocol recor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi import atomic, jsonio
+from alibi.digests import sha256_bytes
 from alibi.errors import InputError, one_line, shown
 from alibi.governance.manifest import folder_files, sha256_file, utc_now
 
@@ -89,8 +89,7 @@ class ProtocolViolation(InputError):
     """A protocol folder is unlocked, damaged, or was changed without an amendment (exit 2)."""
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_sha = sha256_bytes  # the toolkit's one byte digest (alibi.digests)
 
 
 def _lock_text(obj: Mapping[str, Any]) -> str:
