@@ -176,11 +176,13 @@ def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[float, torch.Te
     return floor, (mag < floor) | (mag == 0)
 
 
-def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None, out_dtype: str) -> NearZero:
-    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N])."""
-    if exact is None or exact.numel() == 0:
+def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None,
+              floor_and_mask: tuple[float, torch.Tensor] | None) -> NearZero:
+    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N]);
+    `floor_and_mask` is `near_zero_mask(exact, out_dtype)` (None with no exact values)."""
+    if exact is None or floor_and_mask is None or exact.numel() == 0:
         return NearZero(None, None, None, None, None)
-    floor, near = near_zero_mask(exact, out_dtype)
+    floor, near = floor_and_mask
     differs = ~bitwise_equal_mask(out_a, out_b)
     d = ulp_distance(out_a, out_b)
     above = (d >= 0) & ~near

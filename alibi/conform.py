@@ -37,7 +37,7 @@ from alibi.differences import differing_elements
 from alibi.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.errors import InputError, one_line
 from alibi.kernels import Kernel, get_kernel
-from alibi.kernels.base import private_copy
+from alibi.kernels.base import operands, private_copy
 from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tile import Tile
@@ -223,18 +223,17 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -
 
 # --- one unit -------------------------------------------------------------------------------------
 
-def difference_cause(a: EpilogueModel, b: EpilogueModel, acc: torch.Tensor, tile: Tile) -> str | None:
-    """What in the two declared models makes them differ on this tile: `scale order`, `bias mode`, or both
-    (each part named only where it changes bits: the model with a's bias handling and b's order is
-    compared with each), None where the models agree everywhere."""
+def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
+                     acc: torch.Tensor, tile: Tile) -> str | None:
+    """What in the two declared models makes their outputs `out_a`, `out_b` differ on this tile: `scale order`,
+    `bias mode`, or both (each part named only where it changes bits: the model with a's bias handling and
+    b's order is compared with each), None where the models agree everywhere."""
     parts = []
     if a.order != b.order:
-        mid = EpilogueModel(b.order, a.bias)
-        run = lambda m: apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)  # noqa: E731
-        out_a, out_mid, out_b = run(a), run(mid), run(b)
-        if not bool(bitwise_equal_mask(out_a, out_mid).all()):
+        mid = apply_epilogue(EpilogueModel(b.order, a.bias), acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
+        if not bool(bitwise_equal_mask(out_a, mid).all()):
             parts.append("scale order")
-        if tile.bias is not None and a.bias != b.bias and not bool(bitwise_equal_mask(out_mid, out_b).all()):
+        if tile.bias is not None and a.bias != b.bias and not bool(bitwise_equal_mask(mid, out_b).all()):
             parts.append("bias mode")
     elif tile.bias is not None and a.bias != b.bias:
         parts.append("bias mode")
@@ -302,18 +301,19 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             predicted, why_not, cause = None, "an arm declares no epilogue model", None
         else:
             predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
-            cause = difference_cause(ma, mb, acc, t) if bool(predicted.any()) else None
-        near = checks.near_zero(out_a, out_b, exact, dtype_name(t.out_dtype))
-        near_mask = None if exact is None else checks.near_zero_mask(exact, dtype_name(t.out_dtype))[1]
+            cause = difference_cause(ma, mb, expect_a, expect_b, acc, t) if bool(predicted.any()) else None
+        floor_and_mask = None if exact is None else checks.near_zero_mask(exact, dtype_name(t.out_dtype))
+        near = checks.near_zero(out_a, out_b, exact, floor_and_mask)
         verdicts = [
-            checks.shared_operands(_operand_dict(ta), _operand_dict(tb)),
+            checks.shared_operands(operands(ta), operands(tb)),
             checks.int32_no_overflow(pred, t.K),
             checks.lossless_fp32_entry(pred),
             checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
             checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
                                  bias_modes=(ma.bias if ma else None, mb.bias if mb else None)) if int8 else
             checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
-            checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold, near=near_mask),
+            checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold,
+                                        near=None if floor_and_mask is None else floor_and_mask[1]),
             checks.token_level_risk(),
             checks.epilogue_model({"a": (ma.name if ma else None, out_a, expect_a),
                                    "b": (mb.name if mb else None, out_b, expect_b)}),
@@ -352,12 +352,6 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             subnormal_scales=int(is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()),
             verdicts=tuple(verdicts))
     return unit, {"a": run_a.evidence, "b": run_b.evidence}
-
-
-def _operand_dict(tile: Tile) -> dict[str, torch.Tensor | None]:
-    from alibi.kernels.base import operands
-
-    return operands(tile)
 
 
 def _finite_or_none(x: float) -> float | None:

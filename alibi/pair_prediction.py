@@ -103,7 +103,7 @@ def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPredic
             out_b = out_a if ma == mb else apply_epilogue(mb, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)
             n = int((~bitwise_equal_mask(out_a, out_b)).sum())
             units.append(PredictedUnit(t.name, regime, t.M * t.N, n,
-                                       difference_cause(ma, mb, prepared.acc, t) if n else None, False))
+                                       difference_cause(ma, mb, out_a, out_b, prepared.acc, t) if n else None, False))
     verdict = ("undecided" if any(u.wrap_possible for u in units)
                else "differs" if any(u.n_predicted for u in units) else "bitwise")
     return PairPrediction(ma.name, mb.name, source.record, verdict, tuple(units))

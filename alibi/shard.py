@@ -33,8 +33,6 @@ SHARD_RUN_SCHEMA = "alibi.shard-run/v1"
 _DEVICE = re.compile(r"^(cuda|cpu):(\d+)$")
 
 
-
-
 # --- what a shard needs to rebuild the run --------------------------------------------------------
 
 @dataclass(frozen=True)
