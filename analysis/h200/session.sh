@@ -13,7 +13,8 @@
 #   vllm-unpack, vllm   analysis/h200/vllm.sh in its two-call form: the first call carries
 #             gpu_payload/vllm (or the first part of its .xz) and only keeps or decompresses it, the
 #             next runs it (see that script), on the capture `e2e` left in /tmp when it is there
-#   before    the old pipeline's conformance throughput (issue 12's "before" row)
+#   (the old pipeline's "before" throughput of issue 12 came from a stage of commit 36e9031, with
+#   analysis/conform_throughput.py of that commit; `alibi bench conform` measures it now: pipeline.sh)
 #   e2e       (part ac) prepare, capture, triton:w_then_a+fma vs cutlass on the capture and end to end
 #   pipeline  (part ac) prepare, capture, then analysis/h200/pipeline.sh (issue 12); `vllm` after it with
 #             VLLM_PARTS=conform re-runs only vLLM's conform pairs
@@ -77,21 +78,14 @@ case $STAGE in
     for f in report.json report.md junit.xml report.html; do
       cmp -s "$W/shard/plain/$f" "$W/shard/sharded/$f" && echo "shard one GPU: $f identical" || echo "shard one GPU: $f DIFFERS"
     done | tee "$OUT/shard-one-gpu.txt" ;;
-  before)  # (GGUF part aa) the old pipeline's conformance throughput on the Qwen3-1.7B preset at M = 512
-    stash_gguf_part
-    python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --preset qwen3-1.7b --rows 512 \
-      --repeats 3 --out "$OUT/throughput-qwen3-1.7b-m512.json" ;;
-  e2e)  # (GGUF part ac) prepare, capture SmolLM2 W8A8 at M = 512 (kept in /tmp for `vllm`), the old
-        # pipeline's throughput on the capture, triton:w_then_a+fma against cutlass on the capture and
-        # end to end (teacher-forced and greedy, real-scale checkpoint)
+  e2e)  # (GGUF part ac) prepare, capture SmolLM2 W8A8 at M = 512 (kept in /tmp for `vllm`), then
+        # triton:w_then_a+fma against cutlass on the capture and end to end (teacher-forced and greedy,
+        # real-scale checkpoint)
     prepare_model || exit 1
     rm -rf "$W/capture"
     python -m alibi capture --model "$W/model/w8a8" --prompts experiments/prompts/wikipedia-8x512 --tokens 512 \
       --kernel triton --quiet --out "$W/capture" > "$OUT/capture.txt" 2>&1 || { cat "$OUT/capture.txt"; exit 1; }
     stamp "capture: $(ls "$W/capture" | grep -c safetensors) tiles"
-    python analysis/conform_throughput.py --kernel-a cutlass --kernel-b triton --tiles "$W/capture" --repeats 1 \
-      --out "$OUT/throughput-smollm2-capture.json"
-    stamp "throughput on the capture"
     mkdir -p "$OUT/fma"
     python -m alibi conform --kernel-a triton:w_then_a+fma --kernel-b cutlass --tiles "$W/capture" --no-invariance \
       --quiet --out "$OUT/fma/conform-capture-triton-w_then_a+fma-vs-cutlass" > "$OUT/fma/conform-capture.txt" 2>&1
