@@ -33,6 +33,7 @@ Order = Literal["w_then_a", "a_then_w", "product_first"]
 BiasMode = Literal["fma", "add_before_cast", "add_after_cast"]
 ORDERS: tuple[str, ...] = ("w_then_a", "a_then_w", "product_first")
 BIAS_MODES: tuple[str, ...] = ("fma", "add_before_cast", "add_after_cast")
+ROUND_BETWEEN = "round_between"
 
 FP32_EXACT_LIMIT = 2**24
 INT32_LIMIT = 2**31
@@ -47,31 +48,46 @@ class EpilogueModel:
     bias: how a bias enters — `fma`: fused into the last multiplication, one rounding;
       `add_before_cast`: a separate fp32 add before the output cast; `add_after_cast`: the
       output is cast first, then the bias is added and the sum cast again (two roundings).
+    round_between: the first scaled product is rounded to the output dtype before the second
+      scale multiplies it (TorchAO's W8A8 linear: `out(RN32(acc·s_a))`, then `· s_w` in fp32);
+      written `+round_between` after the bias mode. Only for the two orders that have a first
+      product (`product_first` multiplies the accumulator once).
     """
 
     order: Order
     bias: BiasMode = "fma"
+    round_between: bool = False
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"epilogue order {self.order!r} is unknown; choose one of {', '.join(ORDERS)}")
         if self.bias not in BIAS_MODES:
             raise InputError(f"bias mode {self.bias!r} is unknown; choose one of {', '.join(BIAS_MODES)}")
+        if self.round_between and self.order == "product_first":
+            raise InputError("round_between rounds the first of two scaled products; product_first multiplies the "
+                             "accumulator once, so it has none: use w_then_a or a_then_w with round_between")
 
     @property
     def name(self) -> str:
-        return f"{self.order}+{self.bias}"
+        return f"{self.order}+{self.bias}" + (f"+{ROUND_BETWEEN}" if self.round_between else "")
 
     @classmethod
     def parse(cls, text: str) -> EpilogueModel:
-        """`w_then_a`, `a_then_w+add_after_cast`, ... (bias mode defaults to `fma`)."""
-        order, _, bias = text.partition("+")
-        return cls(order, bias or "fma")  # type: ignore[arg-type]
+        """`w_then_a`, `a_then_w+add_after_cast`, `a_then_w+add_before_cast+round_between`, ... (bias mode
+        defaults to `fma`)."""
+        order, *rest = text.split("+")
+        round_between = ROUND_BETWEEN in rest
+        rest = [r for r in rest if r != ROUND_BETWEEN]
+        if len(rest) > 1:
+            raise InputError(f"epilogue model {text!r}: expected <order>[+<bias mode>][+{ROUND_BETWEEN}]")
+        return cls(order, rest[0] if rest else "fma", round_between)  # type: ignore[arg-type]
 
 
 # The epilogues of the two vLLM int8 kernels, read from their source (science.md §3).
 VLLM_CUTLASS = EpilogueModel("w_then_a", "fma")
 VLLM_TRITON = EpilogueModel("a_then_w", "add_after_cast")
+# TorchAO 0.18's W8A8 linear (Int8Tensor, alibi/kernels/torchao.py): out(RN32(acc·s_a)), · s_w in fp32, + bias in fp32.
+TORCHAO_INT8 = EpilogueModel("a_then_w", "add_before_cast", round_between=True)
 
 
 EXACT_FP32_CHUNK = FP32_EXACT_LIMIT // 2**14  # 1024 products of magnitude ≤ 2^14 sum to ≤ 2^24
@@ -166,6 +182,8 @@ def apply_epilogue(
         first, last = accf * sa, sw
     else:
         first, last = accf, sa * sw
+    if model.round_between:
+        first = round_to(first, out_dtype).to(torch.float32)
     if bias is None:
         return round_to(first * last, out_dtype)
     b = bias.to(dev, torch.float32).reshape(1, -1)

@@ -1,8 +1,9 @@
 """Which known epilogue model does a black-box kernel implement?
 
 Runs the kernel once per tile and compares its bits with every epilogue model the emulator knows
-(3 scale orders × 3 bias modes; without a bias the bias modes coincide, so only the orders are
-told apart). A model *matches* when it reproduces every output bit of every tile. Use tiles
+(3 scale orders × 3 bias modes, and the two orders with a first product also with an intermediate
+rounding to the output dtype between the scales: 15 models; without a bias the bias modes coincide,
+so only the 5 orders are told apart). A model *matches* when it reproduces every output bit of every tile. Use tiles
 with real (non-power-of-two) scales: under pow2 weight scales all orders agree by design.
 """
 
@@ -34,12 +35,18 @@ class Candidate:
     matches: bool
 
 
+def known_models(with_bias: bool = True) -> list[EpilogueModel]:
+    """Every epilogue model identify tells apart (bias modes only `fma` when no tile has a bias)."""
+    return [EpilogueModel(o, b, r) for r, o, b in product((False, True), ORDERS, BIAS_MODES if with_bias else ("fma",))
+            if not (r and o == "product_first")]
+
+
 def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
     """Candidates sorted best first (exact matches first, then fewest differing elements)."""
     if any(t.fmt != "int8" for t in tiles):
         raise InputError("identify works on int8 tiles (an fp8 accumulator has no exact reference)")
     with_bias = any(t.bias is not None for t in tiles)
-    models = [EpilogueModel(o, b) for o, b in product(ORDERS, BIAS_MODES if with_bias else ("fma",))]
+    models = known_models(with_bias)
     totals = {m.name: [0, None] for m in models}
     for tile in tiles:
         out = kernel.run(tile).out

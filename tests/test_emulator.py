@@ -46,6 +46,8 @@ def reference_epilogue(model: EpilogueModel, acc: int, s_a: float, s_w: float, b
     else:
         first, last = a, rnd(sa * sw, FP32)
     fmt = FORMATS[out]
+    if model.round_between:
+        first = rnd(first, fmt)
     if bias is None:
         return rnd(mul(first, last), fmt)
     b = Fraction(bias)
@@ -84,9 +86,10 @@ def test_exact_accumulator_is_exact_at_k_32768_with_all_minus_128_operands():
        st.sampled_from(["fma", "add_before_cast", "add_after_cast"]),
        st.integers(-(2**31), 2**31 - 1), fp32_scales, fp32_scales,
        st.none() | st.floats(min_value=-1024.0, max_value=1024.0, width=16),
-       st.sampled_from([torch.bfloat16, torch.float16]))
-def test_epilogue_models_equal_the_exact_rational_reference(order, bias_mode, acc, s_a, s_w, bias, out):
-    model = EpilogueModel(order, bias_mode)
+       st.sampled_from([torch.bfloat16, torch.float16]), st.booleans())
+def test_epilogue_models_equal_the_exact_rational_reference(order, bias_mode, acc, s_a, s_w, bias, out, round_between):
+    assume(not (round_between and order == "product_first"))
+    model = EpilogueModel(order, bias_mode, round_between)
     bias_t = None if bias is None else torch.tensor([bias], dtype=torch.bfloat16)
     bias_v = None if bias_t is None else bias_t.float().item()
     got = apply_epilogue(model, torch.tensor([[acc]]), torch.tensor([s_a], dtype=torch.float32),
@@ -254,3 +257,31 @@ def test_every_product_exactly_on_the_overflow_tie_rounds_by_the_sign_of_z(a, b,
     want = round_nearest_even(Fraction(x) * Fraction(y) + Fraction(z), FP32)
     assert want == (Fraction(expected) if expected != math.inf else math.inf)
     assert fma_f32(torch.tensor([x]), torch.tensor([y]), torch.tensor([z])).item() == expected
+
+
+def test_round_between_is_the_intermediate_rounding_of_the_first_product():
+    """acc·s_a = 1 + 2⁻⁸ exactly (fp32), a bf16 tie that rounds to even, 1; ·s_w = 3 then gives 3, where the
+    unrounded product 3 + 3·2⁻⁸ rounds to bf16 3.015625."""
+    acc, s_a, s_w = torch.tensor([[257]]), torch.tensor([2.0**-8]), torch.tensor([3.0])
+    plain = apply_epilogue(EpilogueModel("a_then_w"), acc, s_a, s_w, None, torch.bfloat16)
+    rounded = apply_epilogue(EpilogueModel("a_then_w", round_between=True), acc, s_a, s_w, None, torch.bfloat16)
+    assert plain.item() == 3.015625 and rounded.item() == 3.0
+
+
+def test_round_between_changes_nothing_when_the_first_product_fits_the_output_dtype():
+    acc, s_a, s_w = torch.tensor([[96]]), torch.tensor([0.5]), torch.tensor([0.375])
+    for order in ("w_then_a", "a_then_w"):
+        plain = apply_epilogue(EpilogueModel(order), acc, s_a, s_w, None, torch.bfloat16)
+        rounded = apply_epilogue(EpilogueModel(order, round_between=True), acc, s_a, s_w, None, torch.bfloat16)
+        assert bitwise_equal(plain, rounded)
+
+
+def test_round_between_names_parse_back_and_product_first_refuses_it():
+    from alibi.errors import InputError
+
+    model = EpilogueModel("a_then_w", "add_before_cast", True)
+    assert model.name == "a_then_w+add_before_cast+round_between"
+    assert EpilogueModel.parse(model.name) == model
+    assert EpilogueModel.parse("w_then_a+round_between") == EpilogueModel("w_then_a", "fma", True)
+    with pytest.raises(InputError, match="product_first"):
+        EpilogueModel("product_first", round_between=True)

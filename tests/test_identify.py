@@ -20,6 +20,14 @@ def test_the_probe_tells_all_nine_epilogue_models_apart(probe, order, bias):
     assert [c.model for c in found if c.matches] == [f"{order}+{bias}"]
 
 
+@pytest.mark.parametrize("order, bias", list(product(("w_then_a", "a_then_w"), BIAS_MODES)))
+def test_the_probe_tells_the_intermediate_rounding_models_apart_too(probe, order, bias):
+    name = f"{order}+{bias}+round_between"
+    found = identify(get_kernel(f"emulator:{name}"), probe)
+    assert len(found) == 15
+    assert [c.model for c in found if c.matches] == [name]
+
+
 def test_the_probe_preset_makes_scale_orders_disagree_often():
     tile = synthetic_tiles("epilogue-probe")[0]
     found = {c.model: c for c in identify(get_kernel("emulator:w_then_a"), [tile])}

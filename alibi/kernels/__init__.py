@@ -39,6 +39,9 @@ _BUILTIN: dict[str, str] = {
     "vllm-cutlass": "alibi.kernels.vllm:VllmCutlassInt8Kernel",
     "vllm-triton": "alibi.kernels.vllm:VllmTritonKernel",
     "vllm-cutlass-fp8": "alibi.kernels.vllm:VllmCutlassFp8Kernel",
+    # Other projects' kernels, each run through its own library (alibi/kernels/<project>.py)
+    "torchao-int8": "alibi.kernels.torchao:TorchaoInt8Kernel",
+    "torchao-int-scaled-mm": "alibi.kernels.torchao:TorchaoIntScaledMmKernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 

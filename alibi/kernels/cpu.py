@@ -21,7 +21,8 @@ class EmulatorKernel(Kernel):
 
     def __init__(self, epilogue: EpilogueModel):
         self.epilogue = epilogue
-        self.name = f"emulator:{epilogue.order}" + ("" if epilogue.bias == "fma" else f"+{epilogue.bias}")
+        self.name = (f"emulator:{epilogue.order}" + ("" if epilogue.bias == "fma" else f"+{epilogue.bias}")
+                     + ("+round_between" if epilogue.round_between else ""))
         self.description = f"exact fp64 accumulator + {epilogue.name} epilogue (reference)"
 
     def available(self) -> tuple[bool, str]:
