@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,10 @@ from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tile import Tile
 from alibi.token_risk import ReplayEvidence
+from alibi.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 
 REGIMES = ("real", "pow2")
 SUB_BATCH_SIZES = (1, 4, 16)
-UNIT_SCHEMA = "alibi.conform-unit/v1"
-PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -226,18 +225,32 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -
 def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
                      acc: torch.Tensor, tile: Tile) -> str | None:
     """What in the two declared models makes their outputs `out_a`, `out_b` differ on this tile: `scale order`,
-    `bias mode`, or both (each part named only where it changes bits: the model with a's bias handling and
-    b's order is compared with each), None where the models agree everywhere."""
-    parts = []
-    if a.order != b.order:
-        mid = apply_epilogue(EpilogueModel(b.order, a.bias), acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
-        if not bool(bitwise_equal_mask(out_a, mid).all()):
-            parts.append("scale order")
-        if tile.bias is not None and a.bias != b.bias and not bool(bitwise_equal_mask(mid, out_b).all()):
-            parts.append("bias mode")
-    elif tile.bias is not None and a.bias != b.bias:
-        parts.append("bias mode")
+    `intermediate rounding`, `bias mode`, or several (joined by "and"), None where the models agree everywhere.
+
+    The models are walked from a to b one attribute at a time (order, then the rounding between the scales, then
+    the bias mode; the rounding first when b's order is product_first, which has none), and each step is named
+    only where it changes bits on this tile (the bias mode only when the tile has a bias)."""
+    steps = [("scale order", "order"), ("intermediate rounding", "round_between"), ("bias mode", "bias")]
+    if b.order == "product_first":
+        steps[0], steps[1] = steps[1], steps[0]
+    parts, current, out_current = [], a, out_a
+    for label, attr in steps:
+        if getattr(current, attr) == getattr(b, attr) or (attr == "bias" and tile.bias is None):
+            continue
+        nxt = replace(current, **{attr: getattr(b, attr)})
+        out_next = out_b if nxt == b else apply_epilogue(nxt, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
+        if not bool(bitwise_equal_mask(out_current, out_next).all()):
+            parts.append(label)
+        current, out_current = nxt, out_next
     return " and ".join(parts) or None
+
+
+def bias_handling(model: EpilogueModel | None) -> str | None:
+    """How a model's bias meets the product, for the pow2 identity: its bias mode, plus the rounding to the output
+    dtype between the scales when it has one (a bias then meets an already rounded product, whatever the scales)."""
+    if model is None:
+        return None
+    return model.bias + ("+round_between" if model.round_between else "")
 
 
 def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
@@ -310,7 +323,7 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             checks.lossless_fp32_entry(pred),
             checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
             checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
-                                 bias_modes=(ma.bias if ma else None, mb.bias if mb else None)) if int8 else
+                                 bias_modes=(bias_handling(ma), bias_handling(mb))) if int8 else
             checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
             checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold,
                                         near=None if floor_and_mask is None else floor_and_mask[1]),
@@ -450,25 +463,17 @@ def unit_id(index: int, tile_name: str, regime: str) -> str:
     return f"{index:04d}-{regime}-{safe}"
 
 
-def _canonical(obj: Any) -> str:
-    from alibi.governance.manifest import canonical_json
+def check_formats(pair: Pair, tiles: Iterable[Tile]) -> None:
+    """InputError before anything is written unless both kernels take every tile's operand format."""
+    from alibi.errors import shown
 
-    return canonical_json(obj)
-
-
-def _read_unit(path: Path, tile: str, regime: str) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
-    from alibi import jsonio
-
-    try:
-        doc = jsonio.read(path)
-        text = path.read_bytes().decode("utf-8")
-        unit = UnitResult.from_dict(doc["unit"])
-        evidence = doc["evidence"]
-    except (InputError, OSError, UnicodeError, KeyError, TypeError, ValueError):
-        raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
-    if doc.get("schema") != UNIT_SCHEMA or _unit_text(doc) != text or unit.tile != tile or unit.regime != regime:
-        raise InputError(f"{one_line(str(path))}: does not hold the result of this unit; delete it and resume")
-    return unit, evidence
+    for tile in tiles:
+        for arm, kernel in (("a", pair.a), ("b", pair.b)):
+            formats = tuple(getattr(kernel, "formats", ()) or ())
+            if tile.fmt not in formats:
+                raise InputError(f"tile {shown(tile.name)} holds {tile.fmt} operands but kernel {kernel.name!r} "
+                                 f"(arm {arm}) takes {', '.join(formats) or 'no declared format'}; choose kernels for "
+                                 f"{tile.fmt} tiles (see `alibi kernels`); nothing was run or written")
 
 
 def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dict[str, Any]) -> dict[str, Any]:
@@ -481,25 +486,14 @@ def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dic
             "environment": environment_record()}
 
 
-def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at: str | None) -> str | None:
-    """Create the units folder with its plan, or (resume) check that the folder continues this very plan;
-    returns the run's created_at (the first start's, when resuming)."""
-    from alibi import jsonio
-
-    plan_path = units_dir / PLAN_FILE
-    if resume and plan_path.is_file():
-        old = jsonio.read(plan_path)
-        if not isinstance(old, dict) or {k: v for k, v in old.items() if k != "created_at"} != plan:
-            raise InputError(f"{one_line(str(units_dir))}: cannot resume: that run was started with other kernels, "
-                             "tiles, regimes, parameters, toolkit or machine; run without --resume to start afresh")
-        return old.get("created_at")
-    if units_dir.exists():
-        import shutil
-
-        shutil.rmtree(units_dir)  # a fresh (non-resumed) run never takes units from an earlier one
-    units_dir.mkdir(parents=True)
-    atomic.write_text(plan_path, _canonical({**plan, "created_at": created_at}))
-    return created_at
+def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at: str | None
+                 ) -> tuple[UnitStore, str | None]:
+    """Create the units folder with its plan (one atomic step), or (resume, and the folder has a plan) check
+    that the folder continues this very plan; returns the store and the run's created_at (the first start's,
+    when resuming). Resuming where no plan was written yet (a kill before it) starts afresh."""
+    if resume and (units_dir / PLAN_FILE).is_file():
+        return UnitStore.resume(units_dir, plan)
+    return UnitStore.start(units_dir, plan, created_at), created_at
 
 
 _NOW = object()
@@ -511,11 +505,17 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
                     replay: ReplayEvidence | None = None, created_at: Any = _NOW,
                     progress: Callable[[int, int, str], None] | None = None,
                     timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
-                    device: torch.device | str | None = None) -> Report:
+                    device: torch.device | str | None = None, verify_units: bool = False,
+                    computed_elsewhere: int = 0) -> Report:
     """The whole procedure over `source` × `regimes`; returns the report.
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
-    the run a units folder holds (refused if its plan differs). created_at: the report's timestamp
+    the run a units folder holds (refused if its plan differs; a folder without a plan starts afresh).
+    Every unit read back is checked (`alibi.unit_store`: plan and tile digests, the ledger, the schema and
+    the invariants); verify_units: also recompute each and compare the two files bit for bit.
+    computed_elsewhere: how many of the stored units this run computed in other processes (the shards),
+    so not read from an earlier run. When units come from disk, the report's `source` says how many
+    (`units_from_disk`, of `units`, and `units_verified`). created_at: the report's timestamp
     (default: now, `created_now`; None for none). replay: the flip analysis check 7 is judged on (it
     must be of this pair). timer: collects per-stage wall time (`alibi bench conform`). device: where
     the exact reference, the models and the checks run (default `check_device()`); the bits do not
@@ -526,44 +526,52 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
         raise InputError("no tiles to check")
     if replay is not None:
         replay.require_pair(pair.a.name, pair.b.name)
+    check_formats(pair, source.tiles)
     created = created_now() if created_at is _NOW else created_at
-    units_path = None if units_dir is None else Path(units_dir)
-    if units_path is not None:
+    store = None
+    if units_dir is not None:
         params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
-        created = _start_units(units_path, run_plan(pair, source, regimes, params), resume, created)
+        store, created = _start_units(Path(units_dir), run_plan(pair, source, regimes, params), resume, created)
     device = check_device() if device is None else torch.device(device)
-    plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
+    plan = [(i, unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
+    recorded = store.recorded() if store is not None else {}
+    digests: dict[int, str] = {}
     units: list[UnitResult] = []
     evidence: dict[str, dict[str, Any]] = {"a": pair.a.evidence(), "b": pair.b.evidence()}
     prepared: PreparedTile | None = None
-    for n, (uid, tile, regime) in enumerate(plan, start=1):
-        path = None if units_path is None else units_path / f"{uid}.json"
-        if path is not None and path.exists():
-            unit, evidence = _read_unit(path, tile.name, regime)
+    from_disk = 0
+    for n, (i, uid, tile, regime) in enumerate(plan, start=1):
+        if store is not None and i not in digests:
+            digests[i] = tile_sha256(tile)
+        stored = store is not None and store.has(uid)
+        if stored:
+            unit, evidence = store.read(uid, tile, regime, digests[i], recorded)
+            from_disk += 1
             note = "done earlier"
-        else:
+        if not stored or verify_units:
             if prepared is None or prepared.tile.name != tile.name:
                 prepared = prepare(tile, device, timer)
-            unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
-                                           invariance=invariance, timer=timer)
-            if path is not None:
-                _write_unit(path, unit, evidence)
-            note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
+            fresh, fresh_evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
+                                                  invariance=invariance, timer=timer)
+            if stored:
+                if store.unit_document(fresh, fresh_evidence, digests[i]) != store.path(uid).read_text("utf-8"):
+                    raise InputError(f"{one_line(str(store.path(uid)))}: --verify-units: the stored unit differs from "
+                                     "its recomputation here; delete it and resume (it is computed again)")
+                note = "done earlier, recomputed: identical"
+            else:
+                unit, evidence = fresh, fresh_evidence
+                if store is not None:
+                    store.write(uid, unit, evidence, digests[i])
+                note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
         units.append(unit)
         if progress:
             progress(n, len(plan), f"{tile.name} [{regime}] {note}")
-    return summarize(units, pair, source=source.record, seed=seed, regimes=regimes, environment=environment(),
+    record = source.record
+    earlier = from_disk - computed_elsewhere
+    if earlier > 0:
+        record = {**record, "units_from_disk": earlier, "units": len(plan), "units_verified": verify_units}
+    return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),
                      created_at=created, evidence=evidence, replay=replay)
-
-
-def _unit_text(doc: dict[str, Any]) -> str:
-    """A unit file's text. Key order is kept (not sorted): a report assembled from units read back must have
-    the bytes of one built from units just computed."""
-    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def _write_unit(path: Path, unit: UnitResult, evidence: dict[str, dict[str, Any]]) -> None:
-    atomic.write_text(path, _unit_text({"schema": UNIT_SCHEMA, "unit": unit.as_dict(), "evidence": evidence}))
 
 
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
@@ -571,24 +579,26 @@ def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_
                   invariance: bool = True, device: torch.device | str | None = None,
                   progress: Callable[[str], None] | None = None) -> int:
     """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
-    there atomically as it finishes; returns how many were computed. The work of one shard (a worker
-    process, a Ray task): a unit's bytes do not depend on which process computed it, so
-    `run_conformance(..., units_dir=units_dir, resume=True)` afterwards writes the report a single
-    process writes. The caller has started the folder (`start_units`); this never touches its plan.
+    there atomically as it finishes (its digest in this process's ledger first); returns how many were
+    computed. The work of one shard (a worker process, a Ray task): a unit's bytes do not depend on which
+    process computed it, so `run_conformance(..., units_dir=units_dir, resume=True)` afterwards checks every
+    unit and writes the report a single process writes. The caller has started the folder (`start_units`);
+    this never touches its plan.
     """
     regimes = validate_regimes(regimes)
     device = check_device() if device is None else torch.device(device)
-    units_dir = Path(units_dir)
+    store = UnitStore(units_dir)
     computed = 0
     for i in tile_indices:
-        tile, prepared = source.tiles[i], None
+        tile, prepared, digest = source.tiles[i], None, None
         for regime in regimes:
-            path = units_dir / f"{unit_id(i, tile.name, regime)}.json"
-            if path.exists():
+            uid = unit_id(i, tile.name, regime)
+            if store.has(uid):
                 continue
             prepared = prepared or prepare(tile, device)
+            digest = digest or tile_sha256(tile)
             unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold, invariance=invariance)
-            _write_unit(path, unit, evidence)
+            store.write(uid, unit, evidence, digest)
             computed += 1
             if progress:
                 progress(f"{tile.name} [{regime}] {unit.n_differing} differing")
@@ -601,9 +611,10 @@ def start_units(units_dir: str | Path, pair: Pair, source: TileSource, regimes: 
                 created_at: Any = _NOW) -> str | None:
     """Create (or, resuming, check) a units folder with the plan `run_conformance` would write for the same
     arguments; returns the run's created_at. For callers that compute the units elsewhere first."""
+    check_formats(pair, source.tiles)
     params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
     created = created_now() if created_at is _NOW else created_at
-    return _start_units(Path(units_dir), run_plan(pair, source, validate_regimes(regimes), params), resume, created)
+    return _start_units(Path(units_dir), run_plan(pair, source, validate_regimes(regimes), params), resume, created)[1]
 
 
 def exit_code(report: Report, strict: bool = False) -> int:
@@ -613,6 +624,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == "inconclusive") else 0
 
 
-__all__ = ["REGIMES", "SCHEMA", "Pair", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
+__all__ = ["PLAN_FILE", "REGIMES", "SCHEMA", "UNIT_SCHEMA", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
            "evaluate_unit", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
            "summarize"]

@@ -24,6 +24,7 @@ from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
 # Command modules, in the order `alibi --help` lists them.
 COMMAND_MODULES = [
     "alibi.cli.conform",
+    "alibi.cli.matrix",
     "alibi.cli.kernels",
     "alibi.cli.identify",
     "alibi.cli.mutants",
@@ -39,6 +40,7 @@ COMMAND_MODULES = [
     "alibi.cli.eval",
     "alibi.cli.pow2",
     "alibi.cli.replay",
+    "alibi.cli.variations",
     "alibi.cli.analyze",
     "alibi.cli.sweep",
     "alibi.cli.report",

@@ -1,0 +1,471 @@
+"""The conformance matrix: every pair of a kernel set certified at once (`alibi matrix`).
+
+Every pair goes through the one conformance pipeline (`alibi.conform.run_conformance`), so a cell
+holds what `alibi conform --kernel-a A --kernel-b B` would report for the same tiles and regimes.
+Each kernel runs once per tile and regime: its outputs (and its exposed accumulator) are recorded
+the first time a pair asks for them, keyed by the sha256 of the operands it is handed, and every
+later pair that hands it the same operands gets the recorded output (`RecordedKernel`; the
+matrix records each kernel's launches, so this is checked, not assumed).
+
+Two checks are properties of one kernel, not of a pair: M-invariance and run-to-run determinism.
+Replaying a recorded output cannot test them, so the pairs run without them (`invariance=False`)
+and each kernel is checked once on its own (`self_checks`: a second genuine launch of every
+real-scale tile, and the 1-, 4- and 16-row sub-batches), recorded in the kernel's row.
+
+A cell's status, from the pair's units:
+
+* `bitwise` — every unit bitwise equal;
+* `explained` — the arms differ, and on every unit exactly where their declared epilogue models
+  (applied to the exact accumulator) differ; `causes` names what differs (scale order,
+  intermediate rounding, bias mode), and each arm equals its declared model;
+* `unexplained` — some unit differs where the models do not predict it, or an arm departs from its
+  declared model (`predicted-differences` or `epilogue-model` fired): a finding;
+* `not-judged` — the models predict no exact set of differences (fp8 accumulation is
+  implementation-defined, or an arm declares no model); the counts are reported, the verdict is not.
+
+`Matrix.exit_code` is 1 when any cell is unexplained or any kernel's own check fired, else 0.
+The types are frozen dataclasses; `matrix.json` is `Matrix.to_json()`, published as
+`docs/schemas/alibi.matrix.v1.schema.json`, and every consumer (matrix.md, the HTML section) reads
+it back through `Matrix.from_json`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from alibi.verdict import Verdict
+
+if TYPE_CHECKING:
+    import torch
+
+    from alibi.conform import TileSource
+    from alibi.kernels import Kernel
+    from alibi.tile import Tile
+
+SCHEMA = "alibi.matrix/v1"
+SCHEMA_FILE = "docs/schemas/alibi.matrix.v1.schema.json"
+STATUSES = ("bitwise", "explained", "unexplained", "not-judged")
+SELF_CHECKS = ("m-invariance", "run-to-run")
+MATRIX_FILES = ("matrix.json", "matrix.md", "report.html")
+
+
+# --- the result types -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MatrixKernel:
+    """One kernel of the matrix: registry name, declared epilogue model, how it ran here, the evidence of its
+    first launch, how many launches produced its outputs (`launches`: once per tile and regime, plus one per tile
+    when an accumulator was asked for), and its own checks (`m-invariance`, `run-to-run`) over the real-scale
+    tiles."""
+
+    name: str
+    epilogue_model: str | None
+    how: str
+    evidence: dict[str, Any]
+    launches: int
+    self_checks: tuple[Verdict, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["self_checks"] = [v.to_dict() for v in self.self_checks]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MatrixKernel:
+        return cls(d["name"], d["epilogue_model"], d["how"], d["evidence"], int(d["launches"]),
+                   tuple(Verdict.from_dict(v) for v in d["self_checks"]))
+
+    @property
+    def fired(self) -> list[str]:
+        return [v.check for v in self.self_checks if v.fired]
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A kernel that was asked for but cannot run here, and why (only with `available_only`)."""
+
+    name: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PairUnit:
+    """One tile under one regime of a pair: elements differing (`n_differing`), predicted by the declared models
+    (`n_predicted`, None when not judged), `explained` (observed set = predicted set), `cause`, `max_ulp`."""
+
+    tile: str
+    regime: str
+    n_elements: int
+    n_differing: int
+    n_predicted: int | None
+    explained: bool | None
+    cause: str | None
+    max_ulp: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    """One pair (a before b in the kernel order): `status` (module docstring), `causes` over its units,
+    totals over units, the pair report's `verdict` (`pass`/`fail`/`inconclusive`, without the per-kernel
+    checks) and the checks that `fired` on it, and every unit."""
+
+    kernel_a: str
+    kernel_b: str
+    status: str
+    causes: tuple[str, ...]
+    n_elements: int
+    n_differing: int
+    n_predicted: int | None
+    max_ulp: int | None
+    verdict: str
+    fired: tuple[str, ...]
+    units: tuple[PairUnit, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["causes"], d["fired"] = list(self.causes), list(self.fired)
+        d["units"] = [u.as_dict() for u in self.units]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MatrixCell:
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw["causes"], kw["fired"] = tuple(d["causes"]), tuple(d["fired"])
+        kw["units"] = tuple(PairUnit(**u) for u in d["units"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The `matrix.json` document: the kernels (in the order given), those asked for but unavailable, one cell
+    per unordered pair, the tile source and regimes, the environment, and created_at (the one wall-clock
+    field; SOURCE_DATE_EPOCH fixes it)."""
+
+    created_at: str | None
+    source: dict[str, Any]
+    regimes: tuple[str, ...]
+    kernels: tuple[MatrixKernel, ...]
+    unavailable: tuple[Unavailable, ...]
+    cells: tuple[MatrixCell, ...]
+    environment: dict[str, Any]
+    schema: str = SCHEMA
+
+    def cell(self, a: str, b: str) -> MatrixCell:
+        for c in self.cells:
+            if {c.kernel_a, c.kernel_b} == {a, b}:
+                return c
+        raise KeyError((a, b))
+
+    @property
+    def unexplained(self) -> list[MatrixCell]:
+        return [c for c in self.cells if c.status == "unexplained"]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a pair differs unexplained or a kernel's own check fired; else 0."""
+        return 1 if (self.unexplained or any(k.fired for k in self.kernels)) else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "created_at": self.created_at, "source": self.source,
+                "regimes": list(self.regimes), "kernels": [k.as_dict() for k in self.kernels],
+                "unavailable": [u.as_dict() for u in self.unavailable], "cells": [c.as_dict() for c in self.cells],
+                "environment": self.environment}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Matrix:
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"matrix: schema {got!r}, expected {SCHEMA!r} (re-run `alibi matrix`)")
+        return cls(d["created_at"], d["source"], tuple(d["regimes"]),
+                   tuple(MatrixKernel.from_dict(k) for k in d["kernels"]),
+                   tuple(Unavailable(**u) for u in d["unavailable"]),
+                   tuple(MatrixCell.from_dict(c) for c in d["cells"]), d["environment"])
+
+
+# --- each kernel once per tile --------------------------------------------------------------------
+
+def operand_key(tile: Tile) -> str:
+    """sha256 over the bytes of the five operands, their dtypes and shapes, and the output dtype."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name in ("a_q", "s_a", "w_q", "s_w", "bias"):
+        t = getattr(tile, name)
+        h.update(f"{name}:{None if t is None else (str(t.dtype), tuple(t.shape))};".encode())
+        if t is not None:
+            flat = t.detach().contiguous().view(-1)
+            h.update(flat.view(torch.uint8).cpu().numpy().tobytes())
+    h.update(str(tile.out_dtype).encode())
+    return h.hexdigest()
+
+
+class RecordedKernel:
+    """A kernel whose outputs are recorded by operand digest and replayed to every later request for them.
+
+    It stands in for the kernel in `run_conformance`: the same name, formats, device and declared model;
+    `run` launches the kernel only for operands it has not seen (or to expose an accumulator not recorded
+    yet). `launches` counts the launches that produced outputs."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.name, self.formats, self.device = kernel.name, kernel.formats, kernel.device
+        self.epilogue, self.description = kernel.epilogue, kernel.description
+        self._outputs: dict[str, Any] = {}
+        self.launches = 0
+        self.first_evidence: dict[str, Any] | None = None
+
+    def __getattr__(self, attr: str) -> Any:  # anything else (epilogue_at, build, ...) is the kernel's own
+        return getattr(self.kernel, attr)
+
+    def available(self) -> tuple[bool, str]:
+        return self.kernel.available()
+
+    def require_available(self) -> None:
+        self.kernel.require_available()
+
+    def torch_device(self):
+        return self.kernel.torch_device()
+
+    def evidence(self) -> dict[str, Any]:
+        return self.kernel.evidence()
+
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False, evidence: bool = True):
+        from alibi.kernels.base import KernelOutput
+
+        key = operand_key(tile)
+        hit, acc_asked = self._outputs.get(key, (None, False))
+        if hit is None or (accumulator and not acc_asked):
+            got = self.kernel.run(tile, accumulator=accumulator, on_device=True, evidence=True)
+            self.launches += 1
+            if self.first_evidence is None:
+                self.first_evidence = got.evidence
+            # An accumulator asked for later: the output every pair saw so far stays the one recorded.
+            hit = got if hit is None else KernelOutput(hit.out, got.acc, hit.evidence)
+            self._outputs[key] = (hit, acc_asked or accumulator)
+        out, acc = hit.out, (hit.acc if accumulator else None)
+        if not on_device:
+            out, acc = out.cpu(), (None if acc is None else acc.cpu())
+        return KernelOutput(out, acc, dict(hit.evidence) if evidence else {})
+
+
+# --- running the matrix ---------------------------------------------------------------------------
+
+def self_checks(kernel: RecordedKernel, tiles: Sequence[Tile]) -> tuple[Verdict, ...]:
+    """M-invariance and run-to-run of one kernel over the real-scale tiles: its recorded output of each tile
+    against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.sub_batches`)."""
+    import torch
+
+    from alibi import checks
+    from alibi.conform import sub_batches
+    from alibi.kernels.base import private_copy
+
+    inner = kernel.kernel
+    m_inv, again = [], []
+    for tile in tiles:
+        full = kernel.run(private_copy(tile), on_device=False).out
+        second = inner.run(private_copy(tile), evidence=False).out
+        subsets = [(rows, inner.run(tile.rows(torch.tensor(rows)), evidence=False).out) for rows in sub_batches(tile.M)]
+        m_inv.append(checks.m_invariance({"kernel": full}, {"kernel": subsets}))
+        again.append(checks.run_to_run({"kernel": full}, {"kernel": second}))
+    return checks.combine(m_inv), checks.combine(again)
+
+
+def _cell(a: str, b: str, report) -> MatrixCell:
+    units = tuple(PairUnit(u.tile, u.regime, u.n_elements, u.n_differing, u.n_predicted, u.explained, u.cause,
+                           u.max_ulp) for u in report.tiles)
+    fired = tuple(v.check for v in report.checks if v.fired)
+    if "predicted-differences" in fired or "epilogue-model" in fired or any(u.explained is False for u in units):
+        status = "unexplained"
+    elif all(u.n_differing == 0 for u in units):
+        status = "bitwise"
+    elif all(u.explained for u in units):
+        status = "explained"
+    else:
+        status = "not-judged"
+    causes = tuple(dict.fromkeys(part for u in units if u.cause for part in u.cause.split(" and ")))
+    predicted = [u.n_predicted for u in units]
+    ulps = [u.max_ulp for u in units if u.max_ulp is not None]
+    return MatrixCell(a, b, status, causes, sum(u.n_elements for u in units), sum(u.n_differing for u in units),
+                      None if None in predicted else sum(predicted), max(ulps) if ulps else None, report.verdict,
+                      fired, units)
+
+
+def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] = ("real", "pow2"), *,
+               available_only: bool = False, ulp_threshold: int = 1, created_at: Any = None,
+               progress: Callable[[int, int, str], None] | None = None,
+               kernels: Sequence[Kernel] | None = None) -> Matrix:
+    """Certify every pair of the kernels `names` on `source` × `regimes` (module docstring).
+
+    available_only: leave out kernels that cannot run here, listing each with its reason (`Matrix.unavailable`);
+    otherwise one that cannot run raises KernelUnavailable (exit 3). kernels: the kernel objects (default:
+    `get_kernel(name)` for each name). created_at: default now (`alibi.conform.created_now`).
+    """
+    from alibi.conform import (
+        Pair,
+        apply_regime,
+        created_now,
+        environment,
+        run_conformance,
+        validate_regimes,
+    )
+    from alibi.errors import InputError
+    from alibi.kernels import get_kernel
+
+    names = list(names)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(f"--kernels names {dup!r} twice; give each kernel once")
+    regimes = validate_regimes(regimes)
+    objects = list(kernels) if kernels is not None else [get_kernel(n) for n in names]
+    fmt = source.tiles[0].fmt if source.tiles else None
+    if fmt is None:
+        raise InputError("no tiles to check")
+    chosen, unavailable = [], []
+    for kernel in objects:
+        ok, reason = kernel.available()
+        if not ok:
+            if not available_only:
+                kernel.require_available()
+            unavailable.append(Unavailable(kernel.name, reason))
+            continue
+        if fmt not in kernel.formats:
+            raise InputError(f"kernel {kernel.name!r} handles {', '.join(kernel.formats)} tiles, but the tiles are "
+                             f"{fmt}: give a matrix of kernels of one format")
+        chosen.append(RecordedKernel(kernel))
+    if len(chosen) < 2:
+        raise InputError(f"a matrix needs at least two kernels that run here; {len(chosen)} of {len(objects)} do"
+                         + ("".join(f"; {u.name}: {u.reason}" for u in unavailable) if unavailable else ""))
+    created = created_now() if created_at is None else created_at
+    pairs = list(itertools.combinations(chosen, 2))
+    cells = []
+    for n, (a, b) in enumerate(pairs, start=1):
+        report = run_conformance(Pair(a, b, "matrix"), source, regimes, ulp_threshold=ulp_threshold,
+                                 invariance=False, created_at=None)
+        cells.append(_cell(a.name, b.name, report))
+        if progress:
+            c = cells[-1]
+            progress(n, len(pairs), f"{a.name} vs {b.name}: {c.status} ({c.n_differing} differing)")
+    real_tiles = [apply_regime(t, "real") for t in source.tiles] if "real" in regimes else []
+    rows = []
+    for k in chosen:
+        checks_ = self_checks(k, real_tiles) if real_tiles else tuple(
+            Verdict(c, False, False, "checked in the real-scale regime, which this matrix did not run") for c in SELF_CHECKS)
+        ok, how = k.available()
+        rows.append(MatrixKernel(k.name, k.epilogue.name if k.epilogue else None, how,
+                                 _plain(k.first_evidence or k.evidence()), k.launches, tuple(checks_)))
+    from alibi.governance.environment import toolkit_record
+
+    env = {**environment(), "toolkit": toolkit_record()}
+    return Matrix(created, source.record, tuple(regimes), tuple(rows), tuple(unavailable), tuple(cells), env)
+
+
+def _plain(obj: Any) -> Any:
+    """Evidence as plain JSON (a kernel may record non-JSON values; they become strings)."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+# --- presentation ---------------------------------------------------------------------------------
+
+SYMBOL = {"bitwise": "=", "explained": "E", "unexplained": "✗", "not-judged": "?"}
+
+
+def to_markdown(m: Matrix) -> str:
+    """matrix.md: the grid (one symbol per pair), then each cell with its cause and counts, then the kernels."""
+    names = [k.name for k in m.kernels]
+    lines = [f"# Conformance matrix: {len(names)} kernels, {len(m.cells)} pairs", "",
+             f"Tiles: {m.source.get('label')}; regimes: {', '.join(m.regimes)}. "
+             f"`=` bitwise equal · `E` differs only where the declared models predict · `✗` unexplained · "
+             f"`?` not judged (no exact prediction).", ""]
+    lines.append("| | " + " | ".join(f"`{n}`" for n in names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    for a in names:
+        row = []
+        for b in names:
+            row.append("·" if a == b else SYMBOL[m.cell(a, b).status])
+        lines.append(f"| `{a}` | " + " | ".join(row) + " |")
+    lines += ["", "| kernel a | kernel b | status | cause | differing / elements | predicted | max ulp | conform verdict |",
+              "|---|---|---|---|---:|---:|---:|---|"]
+    for c in m.cells:
+        lines.append(f"| `{c.kernel_a}` | `{c.kernel_b}` | {c.status} | {', '.join(c.causes) or '-'} | "
+                     f"{c.n_differing:,} / {c.n_elements:,} | {'-' if c.n_predicted is None else f'{c.n_predicted:,}'} | "
+                     f"{'-' if c.max_ulp is None else c.max_ulp} | {c.verdict}"
+                     + (f" ({', '.join(c.fired)} fired)" if c.fired else "") + " |")
+    lines += ["", "| kernel | declared epilogue | launches | m-invariance | run-to-run | how it ran |", "|---|---|---:|---|---|---|"]
+    for k in m.kernels:
+        status = {v.check: v.status for v in k.self_checks}
+        lines.append(f"| `{k.name}` | `{k.epilogue_model or '-'}` | {k.launches} | {status.get('m-invariance')} | "
+                     f"{status.get('run-to-run')} | {k.how} |")
+    if m.unavailable:
+        lines += ["", "Not available here (left out):", ""]
+        lines += [f"- `{u.name}`: {u.reason}" for u in m.unavailable]
+    env = m.environment
+    tk = env.get("toolkit") or {}
+    gpus = ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in env.get("gpus") or []) or "none"
+    lines += ["", f"Machine: CPU {env.get('cpu')}, GPU {gpus}; Python {env.get('python')}, torch {env.get('torch')}, "
+                  f"triton {env.get('triton')}; integer-alibi {tk.get('version')} at commit {tk.get('git_commit')}"
+                  + (" (with uncommitted changes)" if tk.get("git_dirty") else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def heatmap(m: Matrix) -> bytes:
+    """PNG of the grid: one square per pair, coloured by status, labelled with its differing-element count."""
+    import io
+
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    names = [k.name for k in m.kernels]
+    code = {"bitwise": 0, "explained": 1, "unexplained": 2, "not-judged": 3}
+    colours = ["#2ca02c", "#9ecae1", "#d62728", "#d9d9d9", "#ffffff"]
+    n = len(names)
+    data = [[4] * n for _ in range(n)]
+    labels = [[""] * n for _ in range(n)]
+    for c in m.cells:
+        i, j = names.index(c.kernel_a), names.index(c.kernel_b)
+        for r, s in ((i, j), (j, i)):
+            data[r][s] = code[c.status]
+            labels[r][s] = "0" if c.n_differing == 0 else f"{c.n_differing:,}"
+    size = 2.5 + 0.65 * n
+    fig = Figure(figsize=(size + 2.2, size))
+    ax = fig.add_subplot()
+    ax.imshow(data, cmap=ListedColormap(colours), vmin=0, vmax=4, interpolation="nearest")
+    ax.set_xticks(range(n), names, rotation=50, ha="right", fontsize=8)
+    ax.set_yticks(range(n), names, fontsize=8)
+    for r in range(n):
+        for s in range(n):
+            if labels[r][s]:
+                ax.text(s, r, labels[r][s], ha="center", va="center", fontsize=6)
+    ax.set_xticks([x - 0.5 for x in range(1, n)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(1, n)], minor=True)
+    ax.grid(which="minor", color="#ffffff", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_title("differing output elements per pair, coloured by verdict", fontsize=9)
+    ax.legend(handles=[Patch(color=colours[0], label="bitwise"),
+                       Patch(color=colours[1], label="explained by the declared models"),
+                       Patch(color=colours[2], label="unexplained"), Patch(color=colours[3], label="not judged")],
+              loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    return buf.getvalue()
+
+
+__all__ = ["MATRIX_FILES", "SCHEMA", "SCHEMA_FILE", "STATUSES", "Matrix", "MatrixCell", "MatrixKernel", "PairUnit",
+           "RecordedKernel", "Unavailable", "heatmap", "operand_key", "run_matrix", "self_checks", "to_markdown"]
