@@ -226,14 +226,16 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -
 def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
                      acc: torch.Tensor, tile: Tile) -> str | None:
     """What in the two declared models makes their outputs `out_a`, `out_b` differ on this tile: `scale order`,
-    `intermediate rounding`, `bias mode`, or several (joined by "and"), None where the models agree everywhere.
+    `intermediate rounding`, `bias mode`, `statistics` (a statistics-based dequantization), or several (joined by
+    "and"), None where the models agree everywhere.
 
-    The models are walked from a to b one attribute at a time (order, then the rounding between the scales, then
-    the bias mode; the rounding first when b's order is product_first, which has none), and each step is named
+    The models are walked from a to b one attribute at a time (statistics, order, the rounding between the scales,
+    the bias mode; the rounding before the order when b's order is product_first, which has none), each step named
     only where it changes bits on this tile (the bias mode only when the tile has a bias)."""
-    steps = [("scale order", "order"), ("intermediate rounding", "round_between"), ("bias mode", "bias")]
+    steps = [("statistics", "statistics"), ("scale order", "order"), ("intermediate rounding", "round_between"),
+             ("bias mode", "bias")]
     if b.order == "product_first":
-        steps[0], steps[1] = steps[1], steps[0]
+        steps[1], steps[2] = steps[2], steps[1]
     parts, current, out_current = [], a, out_a
     for label, attr in steps:
         if getattr(current, attr) == getattr(b, attr) or (attr == "bias" and tile.bias is None):
@@ -244,6 +246,10 @@ def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, ou
             parts.append(label)
         current, out_current = nxt, out_next
     return " and ".join(parts) or None
+
+
+def _statistics(*models: EpilogueModel | None) -> bool:
+    return any(m is not None and m.statistics is not None for m in models)
 
 
 def bias_handling(model: EpilogueModel | None) -> str | None:
@@ -324,8 +330,13 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             checks.lossless_fp32_entry(pred),
             checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
             checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
-                                 bias_modes=(bias_handling(ma), bias_handling(mb))) if int8 else
-            checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order"),
+                                 bias_modes=(bias_handling(ma), bias_handling(mb)))
+            if int8 and not _statistics(ma, mb) else
+            checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order")
+            if not int8 else
+            checks.inapplicable("pow2-identity", "an arm dequantizes with absmax statistics 127·s and a constant, "
+                                "which power-of-two scales do not make commute: judged by predicted-differences",
+                                evidence={"reason": "statistics"}),
             checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold,
                                         near=None if floor_and_mask is None else floor_and_mask[1]),
             checks.token_level_risk(),
@@ -383,7 +394,8 @@ def _required_checks(units: list[UnitResult]) -> list[str]:
         # Under pow2 scales the identity is required, except on tiles where the arms declare different
         # bias handling: those rest on predicted-differences, which is then required instead.
         pow2 = [u for u in int8 if u.regime == "pow2"]
-        bias_rested = [u for u in pow2 if u.verdict("pow2-identity").evidence.get("reason") == "bias-handling"]
+        bias_rested = [u for u in pow2 if u.verdict("pow2-identity").evidence.get("reason") in ("bias-handling",
+                                                                                                "statistics")]
         if pow2 and len(bias_rested) < len(pow2):
             req.append("pow2-identity")
         if bias_rested:

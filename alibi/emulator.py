@@ -34,6 +34,8 @@ BiasMode = Literal["fma", "add_before_cast", "add_after_cast"]
 ORDERS: tuple[str, ...] = ("w_then_a", "a_then_w", "product_first")
 BIAS_MODES: tuple[str, ...] = ("fma", "add_before_cast", "add_after_cast")
 ROUND_BETWEEN = "round_between"
+STATISTICS = "absmax_stats*"
+ABSMAX_LEVELS = 127.0  # a symmetric int8 absmax statistic is 127 times the scale
 
 FP32_EXACT_LIMIT = 2**24
 INT32_LIMIT = 2**31
@@ -52,24 +54,33 @@ class EpilogueModel:
       scale multiplies it (TorchAO's W8A8 linear: `out(RN32(acc·s_a))`, then `· s_w` in fp32);
       written `+round_between` after the bias mode. Only for the two orders that have a first
       product (`product_first` multiplies the accumulator once).
+    statistics: a statistics-based dequantization (bitsandbytes' `int8_mm_dequant`): the scales enter as absmax
+      statistics `RN32(127·s)` (exact where the kernel's adapter accepts the operands), the scale program runs on
+      them, and the result is multiplied by this fp32 constant (≈ 1/127²) — fused with the bias under `fma`
+      (with a zero bias when there is none, as the CUDA kernel does), else rounded before the bias is added.
+      Written `+absmax_stats*<constant>`.
     """
 
     order: Order
     bias: BiasMode = "fma"
     round_between: bool = False
+    statistics: float | None = None
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise InputError(f"epilogue order {self.order!r} is unknown; choose one of {', '.join(ORDERS)}")
         if self.bias not in BIAS_MODES:
             raise InputError(f"bias mode {self.bias!r} is unknown; choose one of {', '.join(BIAS_MODES)}")
+        if self.statistics is not None:  # the constant is an fp32 value: kept as the fp32 the kernel multiplies by
+            object.__setattr__(self, "statistics", float(np.float32(self.statistics)))
         if self.round_between and self.order == "product_first":
             raise InputError("round_between rounds the first of two scaled products; product_first multiplies the "
                              "accumulator once, so it has none: use w_then_a or a_then_w with round_between")
 
     @property
     def name(self) -> str:
-        return f"{self.order}+{self.bias}" + (f"+{ROUND_BETWEEN}" if self.round_between else "")
+        return (f"{self.order}+{self.bias}" + (f"+{ROUND_BETWEEN}" if self.round_between else "")
+                + ("" if self.statistics is None else f"+{STATISTICS}{self.statistics:.9g}"))
 
     @classmethod
     def parse(cls, text: str) -> EpilogueModel:
@@ -77,10 +88,18 @@ class EpilogueModel:
         defaults to `fma`)."""
         order, *rest = text.split("+")
         round_between = ROUND_BETWEEN in rest
-        rest = [r for r in rest if r != ROUND_BETWEEN]
-        if len(rest) > 1:
-            raise InputError(f"epilogue model {text!r}: expected <order>[+<bias mode>][+{ROUND_BETWEEN}]")
-        return cls(order, rest[0] if rest else "fma", round_between)  # type: ignore[arg-type]
+        stats = [r for r in rest if r.startswith(STATISTICS)]
+        rest = [r for r in rest if r != ROUND_BETWEEN and not r.startswith(STATISTICS)]
+        if len(rest) > 1 or len(stats) > 1:
+            raise InputError(f"epilogue model {text!r}: expected <order>[+<bias mode>][+{ROUND_BETWEEN}]"
+                             f"[+{STATISTICS}<constant>]")
+        constant = None
+        if stats:
+            try:
+                constant = float(np.float32(float(stats[0].removeprefix(STATISTICS))))
+            except ValueError:
+                raise InputError(f"epilogue model {text!r}: {stats[0]!r} does not end in a number") from None
+        return cls(order, rest[0] if rest else "fma", round_between, constant)  # type: ignore[arg-type]
 
 
 # The epilogues of the two vLLM int8 kernels, read from their source (science.md §3).
@@ -176,6 +195,8 @@ def apply_epilogue(
     accf = int32_wrap(acc).to(torch.float32) if not acc.is_floating_point() else acc.to(torch.float32)
     sa = s_a.to(dev, torch.float32).reshape(-1, 1)
     sw = s_w.to(dev, torch.float32).reshape(1, -1)
+    if model.statistics is not None:
+        return _statistics_epilogue(model, accf, sa * ABSMAX_LEVELS, sw * ABSMAX_LEVELS, bias, out_dtype)
     if model.order == "w_then_a":
         first, last = accf * sw, sa
     elif model.order == "a_then_w":
@@ -193,6 +214,28 @@ def apply_epilogue(
         return round_to(first * last + b, out_dtype)
     cast = round_to(first * last, out_dtype).to(torch.float32)
     return round_to(cast + b, out_dtype)
+
+
+def _statistics_epilogue(model: EpilogueModel, accf: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                         bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """`model.statistics`: the scale program on the statistics `row`, `col`, then `· constant` and the bias."""
+    if model.order == "product_first":
+        y = accf * (row * col)
+    else:
+        first, last = (accf * col, row) if model.order == "w_then_a" else (accf * row, col)
+        if model.round_between:
+            first = round_to(first, out_dtype).to(torch.float32)
+        y = first * last
+    c = torch.tensor(model.statistics, dtype=torch.float32, device=accf.device)
+    if model.bias == "fma":
+        b = torch.zeros((1, y.shape[1]), device=y.device) if bias is None else bias.to(y.device, torch.float32).reshape(1, -1)
+        return round_to(fma_f32(y, c, b), out_dtype)
+    if bias is None:
+        return round_to(y * c, out_dtype)
+    b = bias.to(y.device, torch.float32).reshape(1, -1)
+    if model.bias == "add_before_cast":
+        return round_to(y * c + b, out_dtype)
+    return round_to(round_to(y * c, out_dtype).to(torch.float32) + b, out_dtype)
 
 
 def run_model(model: EpilogueModel, tile: Tile, acc: torch.Tensor | None = None) -> torch.Tensor:

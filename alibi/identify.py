@@ -3,7 +3,8 @@
 Runs the kernel once per tile and compares its bits with every epilogue model the emulator knows
 (3 scale orders × 3 bias modes, and the two orders with a first product also with an intermediate
 rounding to the output dtype between the scales: 15 models; without a bias the bias modes coincide,
-so only the 5 orders are told apart). A model *matches* when it reproduces every output bit of every tile. Use tiles
+so only the 5 orders are told apart), plus the kernel's own declared model when it lies outside that
+family (bitsandbytes' statistics-based dequantization). A model *matches* when it reproduces every output bit of every tile. Use tiles
 with real (non-power-of-two) scales: under pow2 weight scales all orders agree by design.
 """
 
@@ -47,6 +48,8 @@ def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
         raise InputError("identify works on int8 tiles (an fp8 accumulator has no exact reference)")
     with_bias = any(t.bias is not None for t in tiles)
     models = known_models(with_bias)
+    if kernel.epilogue is not None and kernel.epilogue not in models:  # a model outside the family (statistics)
+        models.append(kernel.epilogue)
     totals = {m.name: [0, None] for m in models}
     for tile in tiles:
         out = kernel.run(tile).out

@@ -44,6 +44,7 @@ _BUILTIN: dict[str, str] = {
     # Other projects' kernels, each run through its own library (alibi/kernels/<project>.py)
     "torchao-int8": "alibi.kernels.torchao:TorchaoInt8Kernel",
     "torchao-int-scaled-mm": "alibi.kernels.torchao:TorchaoIntScaledMmKernel",
+    "bnb-int8": "alibi.kernels.bnb:BnbInt8Kernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 

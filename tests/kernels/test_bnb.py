@@ -1,0 +1,80 @@
+"""`bnb-int8`: bitsandbytes 0.50.2's int8_scaled_mm on absmax statistics, held to its declared model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("bitsandbytes", reason="the bnb extra is not installed (pip install 'integer-alibi[bnb]')")
+
+from alibi.conform import apply_regime  # noqa: E402
+from alibi.emulator import EpilogueModel, run_model  # noqa: E402
+from alibi.errors import InputError  # noqa: E402
+from alibi.identify import identify  # noqa: E402
+from alibi.kernels import get_kernel  # noqa: E402
+from alibi.kernels.bnb import BNB_CPU, BNB_CUDA, statistics, with_exact_statistics  # noqa: E402
+from alibi.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
+from alibi.synthetic import synthetic_tiles  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = get_kernel("bnb-int8")
+    ok, reason = k.available()
+    assert ok, reason
+    return k
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return [with_exact_statistics(t) for t in synthetic_tiles("epilogue-probe-bias")]
+
+
+def test_statistics_are_127_times_the_scales_exactly_and_inexact_ones_are_refused():
+    exact = torch.tensor([0.5, 3.0, 2.0**-20 * 1.25], dtype=torch.float32)
+    assert torch.equal(statistics(exact, "s_a", "bnb-int8").double(), exact.double() * 127)
+    with pytest.raises(InputError, match=r"127·s_w\[1\] = 127·0\.1.* is not an fp32 number"):
+        statistics(torch.tensor([0.5, 0.1], dtype=torch.float32), "s_w", "bnb-int8")
+
+
+def test_rounded_scales_have_at_most_17_significant_bits_and_are_accepted():
+    tile = with_exact_statistics(synthetic_tiles("tiny")[0])
+    statistics(tile.s_a, "s_a", "bnb-int8")
+    statistics(tile.s_w, "s_w", "bnb-int8")
+
+
+def test_bnb_receives_the_statistics_alibi_derives(kernel):
+    """The kernel's output is bitsandbytes' op called directly on a_q, w_q and 127·s: nothing else is handed over."""
+    tile = with_exact_statistics(synthetic_tiles("smollm2-135m-bias")[0])
+    direct = torch.ops.bitsandbytes.int8_scaled_mm.default(tile.a_q, tile.w_q, tile.s_a * 127, tile.s_w * 127,
+                                                           bias=tile.bias, dtype=tile.out_dtype)
+    assert bitwise_equal(kernel.run(tile).out, direct)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_bnb_int8_equals_its_declared_statistics_model(kernel, probe, out_dtype):
+    tiles = probe + [with_exact_statistics(t) for t in synthetic_tiles("smollm2-135m-bias")[:2]]
+    for tile in tiles:
+        tile = tile.replace(out_dtype=out_dtype)
+        for regime in ("real", "pow2"):
+            t = apply_regime(tile, regime)
+            assert bitwise_equal(kernel.run(t).out, run_model(kernel.epilogue, t)), (tile.name, regime)
+
+
+def test_identify_names_bnb_int8s_declared_model_as_the_only_match(kernel, probe):
+    found = identify(kernel, probe)
+    assert [c.model for c in found if c.matches] == [kernel.epilogue.name]
+
+
+def test_real_scales_that_do_not_convert_exactly_are_refused_naming_the_fix(kernel):
+    with pytest.raises(InputError, match="at most 17 significant bits"):
+        kernel.run(synthetic_tiles("tiny")[0])
+
+
+def test_the_cpu_and_cuda_backends_declare_different_constants_and_the_difference_shows(probe):
+    """bitsandbytes' CPU backend multiplies by 6.200124e-05, its CUDA kernel by 6.200012e-05 (≈ 1/127²): on the
+    same operands the two models give different fp16 outputs, beyond any choice of scale order."""
+    assert BNB_CPU.statistics != BNB_CUDA.statistics
+    tile = probe[0].replace(out_dtype=torch.float16, bias=None)
+    same_order = EpilogueModel(BNB_CPU.order, BNB_CPU.bias, statistics=BNB_CUDA.statistics)
+    assert int((~bitwise_equal_mask(run_model(BNB_CPU, tile), run_model(same_order, tile))).sum()) > 0
