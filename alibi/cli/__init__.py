@@ -40,6 +40,7 @@ COMMAND_MODULES = [
     "alibi.cli.eval",
     "alibi.cli.pow2",
     "alibi.cli.replay",
+    "alibi.cli.variations",
     "alibi.cli.analyze",
     "alibi.cli.sweep",
     "alibi.cli.report",

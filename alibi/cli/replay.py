@@ -14,6 +14,9 @@ def _inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier replay output at --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="run attention, norms and dense Linears the libraries' own way instead of the batch-invariant "
+                        "deterministic runner (recorded in the manifest; for measuring the libraries)")
 
 
 def _span(p: argparse.ArgumentParser, positions_default: str) -> None:
@@ -46,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     gr.add_argument("--kernel", help="one run of one arm in this process (what the two-arm form starts)")
     gr.add_argument("--arm", help="with --kernel: this run's arm label (default: the kernel's name)")
     gr.add_argument("--run-index", type=int, default=1, help="with --kernel: which run of the arm this is")
+    gr.add_argument("--trace", action="store_true", help="also write trace.pt per run: every module's output "
+                    "digests, for `alibi locate RUN_A RUN_B`")
     gr.set_defaults(func=greedy)
 
     pd = rs.add_parser("prefill-vs-decode", help="one arm: prefill logits vs incremental decoding, bitwise, "
@@ -70,7 +75,7 @@ def teacher_forced(args: argparse.Namespace) -> int:
 
         code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
                         windows=args.windows, context=args.context, positions=args.positions, device=args.device,
-                        overwrite=args.overwrite, quiet=args.quiet)
+                        overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic)
         if code == 0:
             print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b), flips in {args.out / 'flips'}")
         return code
@@ -78,7 +83,7 @@ def teacher_forced(args: argparse.Namespace) -> int:
 
     arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                              context=args.context, positions=args.positions, arm=args.arm, device=args.device,
-                             overwrite=args.overwrite,
+                             overwrite=args.overwrite, deterministic=not args.nondeterministic,
                              progress=progress("teacher-forced", quiet=args.quiet, unit="window"))
     print(f"teacher-forced: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} after "
           f"{arm.context} tokens) with {arm.kernel or 'the dense model'} → {args.out}")
@@ -98,7 +103,8 @@ def greedy(args: argparse.Namespace) -> int:
         result = lib.run_agreement(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
                                    kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
                                    new_tokens=args.new_tokens, windows=args.windows, batch_size=args.batch_size,
-                                   runs=args.runs, device=args.device, overwrite=args.overwrite, quiet=args.quiet)
+                                   runs=args.runs, device=args.device, overwrite=args.overwrite, quiet=args.quiet,
+                                   deterministic=not args.nondeterministic, trace=args.trace)
         if isinstance(result, int):
             return result
         for line in lib.summary_lines(result):
@@ -109,7 +115,8 @@ def greedy(args: argparse.Namespace) -> int:
     run = lib.run_greedy_arm(args.model, args.prompts, args.out, kernel=args.kernel, arm=args.arm,
                              run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              windows=args.windows, batch_size=args.batch_size, device=args.device,
-                             overwrite=args.overwrite, progress=progress("greedy", quiet=args.quiet, unit="prompt"))
+                             overwrite=args.overwrite, progress=progress("greedy", quiet=args.quiet, unit="prompt"),
+                             deterministic=not args.nondeterministic, trace=args.trace)
     print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
           f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
     return 0
@@ -121,7 +128,7 @@ def prefill_vs_decode(args: argparse.Namespace) -> int:
 
     result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                                    context=args.context, positions=args.positions, device=args.device,
-                                   overwrite=args.overwrite,
+                                   overwrite=args.overwrite, deterministic=not args.nondeterministic,
                                    progress=progress("prefill-vs-decode", quiet=args.quiet, unit="window"))
     for line in summary_lines(result):
         print(line)

@@ -9,6 +9,9 @@ exactly what vLLM does for this scheme:
     y = kernel.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype=bf16)
 
 so the kernel is the only thing two arms differ in. A dense checkpoint loads unchanged (no kernel).
+Everything else runs batch-invariant and deterministic unless asked otherwise
+(`alibi.model.execution`): the same token at the same position gets the same bits whatever the
+batch, the chunking of the prompt, or the use of the KV cache.
 Observers attached to a `W8A8Linear` (see `alibi.model.capture`) see the operands the kernel
 receives, before it runs, and cannot change them.
 
@@ -29,6 +32,7 @@ from alibi.errors import InputError
 from alibi.kernels import Kernel, get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
+from alibi.model.execution import ExecutionMode, apply_execution_mode
 from alibi.quant import quantize_per_token
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
@@ -75,12 +79,14 @@ class W8A8Linear(torch.nn.Module):
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to run: the transformers `model`, the `kernel` its quantized Linears call
-    (None for a dense checkpoint), the checkpoint `folder`, and its `device`."""
+    (None for a dense checkpoint), the checkpoint `folder`, its `device`, and the `execution` mode
+    it runs in."""
 
     model: torch.nn.Module
     kernel: Kernel | None
     folder: Path
     device: torch.device
+    execution: ExecutionMode
 
     @property
     def quantized(self) -> bool:
@@ -113,12 +119,15 @@ class LoadedModel:
             out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
 
     @torch.inference_mode()
-    def greedy_batch(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    def greedy_batch(self, input_ids: torch.Tensor, new_tokens: int,
+                     logit_digests: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Greedy continuations of B prompts of one length [B,T] → the chosen ids [B, new_tokens].
 
         The prompts are equally long, so they batch without padding or attention mask: row b of
         every GEMM is prompt b, and batching changes only M (B·T at prefill, B at each decode
         step). Each row's next token is the argmax of its own fp32 logits, as in `greedy`.
+        logit_digests: when a list, each step appends the digest (`alibi.replay.hooks.row_digests`)
+        of every row's fp32 logits [B], so two runs can be compared bit for bit at every step.
         """
         if new_tokens < 1:
             raise ValueError(f"new_tokens must be positive, got {new_tokens}")
@@ -127,27 +136,42 @@ class LoadedModel:
         out = self.model(input_ids=input_ids.to(self.device), use_cache=True)
         chosen: list[torch.Tensor] = []
         while True:
-            nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
+            last = out.logits[:, -1].float()
+            if logit_digests is not None:
+                from alibi.replay.hooks import row_digests
+
+                logit_digests.append(row_digests(last[:, None])[:, 0])
+            nxt = last.argmax(dim=-1, keepdim=True)
             chosen.append(nxt)
             if len(chosen) == new_tokens:
                 return torch.cat(chosen, dim=1).cpu()
             out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
 
     @torch.inference_mode()
+    def chunked_logits(self, input_ids: torch.Tensor, chunks: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """Logits [B,T,V] (float32) of token ids [B,T] fed in consecutive chunks of the given sizes
+        (summing to T), each a forward against the KV cache the earlier chunks filled: `[T]` is one
+        prefill, `[T0, 1, 1, …]` a prefill then decode steps, `[C, C, …]` a chunked prefill. Row t
+        is the output at token t, as in row t of `logits`."""
+        ids = input_ids.to(self.device)
+        if sum(chunks) != ids.shape[1] or any(c < 1 for c in chunks):
+            raise ValueError(f"chunks {list(chunks)} do not split {ids.shape[1]} tokens")
+        rows, cache, start = [], None, 0
+        for size in chunks:
+            out = self.model(input_ids=ids[:, start:start + size], past_key_values=cache, use_cache=True)
+            cache, start = out.past_key_values, start + size
+            rows.append(out.logits.float())
+        return torch.cat(rows, dim=1)
+
     def incremental_logits(self, input_ids: torch.Tensor, prefill_tokens: int) -> torch.Tensor:
         """Logits [T,V] (float32) of one window [T] computed the way decoding computes them: one
         prefill of the first `prefill_tokens` tokens (with the KV cache), then one forward per
         remaining token, each of M = 1 against the cache. Row t is the output at token t, as in
         row t of `logits` (which computes all T rows in one prefill without a cache)."""
-        ids = input_ids.reshape(1, -1).to(self.device)
+        ids = input_ids.reshape(1, -1)
         if not 1 <= prefill_tokens <= ids.shape[1]:
             raise ValueError(f"prefill_tokens must be in 1..{ids.shape[1]}, got {prefill_tokens}")
-        out = self.model(input_ids=ids[:, :prefill_tokens], use_cache=True)
-        rows = [out.logits[0].float()]
-        for t in range(prefill_tokens, ids.shape[1]):
-            out = self.model(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
-            rows.append(out.logits[0].float())
-        return torch.cat(rows, dim=0)
+        return self.chunked_logits(ids, [prefill_tokens] + [1] * (ids.shape[1] - prefill_tokens))[0]
 
 
 def _require_transformers():
@@ -223,11 +247,14 @@ def resolve_kernel(kernel: str | Kernel) -> Kernel:
     return k
 
 
-def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None) -> LoadedModel:
+def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None,
+               deterministic: bool = True) -> LoadedModel:
     """Load the checkpoint in `folder` (dense, or compressed-tensors W8A8 with `kernel`) into transformers.
 
     kernel: registry name or Kernel; required for a W8A8 checkpoint and refused for a dense one.
     device: default the kernel's device (CPU for a dense model).
+    deterministic: the batch-invariant, deterministic runner (default); False keeps the libraries'
+    own attention, norms and flags (`alibi.model.execution`).
     """
     folder = Path(folder)
     config = read_config(folder)
@@ -248,4 +275,5 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
         _swap_linears(model, ckpt, k, dev)
         tensors = dict(ckpt.dense)
     _load_dense(model, tensors, folder)
-    return LoadedModel(model=model, kernel=k, folder=folder, device=dev)
+    mode = apply_execution_mode(model, deterministic)
+    return LoadedModel(model=model, kernel=k, folder=folder, device=dev, execution=mode)

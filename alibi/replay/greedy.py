@@ -34,8 +34,10 @@ from alibi.errors import InputError
 from alibi.progress import Progress
 from alibi.replay.records import window_sha256
 
-RUN_SCHEMA = "alibi-greedy-run/v1"
-SCHEMA = "alibi-greedy/v1"
+RUN_SCHEMA = "alibi-greedy-run/v2"
+SCHEMA = "alibi-greedy/v2"
+READ_SCHEMAS = {RUN_SCHEMA: ("alibi-greedy-run/v1", RUN_SCHEMA), SCHEMA: ("alibi-greedy/v1", SCHEMA)}
+TRACE_FILE = "trace.pt"
 RUN_FILE = "run.json"
 RESULT_FILE = "greedy.json"
 
@@ -49,7 +51,7 @@ def _load(text: str, where: str, schema: str) -> dict[str, Any]:
         doc = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise InputError(f"{where}: not valid JSON ({str(exc).splitlines()[0]}); re-run the greedy replay") from None
-    if not isinstance(doc, dict) or doc.get("schema") != schema:
+    if not isinstance(doc, dict) or doc.get("schema") not in READ_SCHEMAS[schema]:
         raise InputError(f"{where}: not an alibi greedy file (schema must be {schema!r})")
     return doc
 
@@ -61,7 +63,10 @@ class GreedyRun:
     kernel: registry name (None for a dense model); arm: its label; run: which run of the arm
     (1, 2, ...); prompt_tokens: T; new_tokens: G; batch_size: B; windows: the window indices,
     in order; prompt_sha256: `window_sha256` of each prompt's T token ids; sequences: the G chosen
-    ids per prompt; seconds: wall time of the generation alone (model load excluded).
+    ids per prompt; seconds: wall time of the generation alone (model load excluded);
+    logit_digests: per prompt, the digest (16 hex digits, `alibi.replay.hooks.row_digests`) of the
+    fp32 logit row each token was chosen from, so two runs compare bit for bit at every step (None
+    in a v1 file).
     """
 
     kernel: str | None
@@ -75,6 +80,7 @@ class GreedyRun:
     sequences: tuple[tuple[int, ...], ...]
     seconds: float
     schema: str = RUN_SCHEMA
+    logit_digests: tuple[tuple[str, ...], ...] | None = None
 
     def to_json(self) -> str:
         return _dump(asdict(self))
@@ -83,12 +89,15 @@ class GreedyRun:
     def from_json(cls, text: str, where: str = RUN_FILE) -> GreedyRun:
         doc = _load(text, where, RUN_SCHEMA)
         try:
-            run = cls(**{f.name: doc[f.name] for f in fields(cls)})
+            run = cls(**{f.name: doc[f.name] if f.name != "logit_digests" else doc.get(f.name) for f in fields(cls)})
+            digests = None if run.logit_digests is None else tuple(tuple(str(d) for d in p) for p in run.logit_digests)
             run = cls(**{**asdict(run), "windows": tuple(int(w) for w in run.windows),
-                         "prompt_sha256": tuple(run.prompt_sha256),
+                         "prompt_sha256": tuple(run.prompt_sha256), "logit_digests": digests,
                          "sequences": tuple(tuple(int(t) for t in s) for s in run.sequences)})
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{where}: malformed greedy run ({exc!r}); re-run it") from None
+        if run.logit_digests is not None and [len(d) for d in run.logit_digests] != [len(q) for q in run.sequences]:
+            raise InputError(f"{where}: logit digests do not match the sequences; the file is damaged: re-run it")
         if len(run.sequences) != len(run.windows) or any(len(s) != run.new_tokens for s in run.sequences):
             raise InputError(f"{where}: {len(run.sequences)} sequences for {len(run.windows)} windows, or a sequence "
                              f"not of {run.new_tokens} tokens; the file is truncated: re-run it")
@@ -118,7 +127,11 @@ class GreedyAgreement:
     the first generated index where arm a's and arm b's run-1 sequences differ (None when
     identical); status: `compared`, or a sentence saying which arm failed to reproduce itself (the
     comparison across arms is then not attributable to the kernel); identity: the identity-contract
-    records (`alibi.governance.IdentityRecord.as_dict`) between the runs, by pair name.
+    records (`alibi.governance.IdentityRecord.as_dict`) between the runs, by pair name;
+    logits_reproduce_a / _b: every run of the arm chose every token from a logit row bitwise equal to
+    run 1's (None when a run has no logit digests); logit_rows_identical / logit_rows_compared: over
+    prompts and steps of the run-1 pair, logit rows bitwise equal across the arms, and rows compared
+    (both arms' rows exist up to the first token where the sequences part).
     """
 
     kernel_a: str | None
@@ -140,6 +153,10 @@ class GreedyAgreement:
     status: str
     identity: dict[str, Any]
     schema: str = SCHEMA
+    logits_reproduce_a: bool | None = None
+    logits_reproduce_b: bool | None = None
+    logit_rows_identical: int | None = None
+    logit_rows_compared: int | None = None
 
     def to_json(self) -> str:
         return _dump(asdict(self))
@@ -147,12 +164,13 @@ class GreedyAgreement:
     @classmethod
     def from_json(cls, text: str, where: str = RESULT_FILE) -> GreedyAgreement:
         doc = _load(text, where, SCHEMA)
+        optional = {"logits_reproduce_a", "logits_reproduce_b", "logit_rows_identical", "logit_rows_compared"}
 
         def runs(value) -> tuple[tuple[tuple[int, ...], ...], ...]:
             return tuple(tuple(tuple(int(t) for t in seq) for seq in run) for run in value)
 
         try:
-            values = {f.name: doc[f.name] for f in fields(cls)}
+            values = {f.name: doc.get(f.name) if f.name in optional else doc[f.name] for f in fields(cls)}
             values.update(windows=tuple(values["windows"]), sequences_a=runs(values["sequences_a"]),
                           sequences_b=runs(values["sequences_b"]), first_divergence=tuple(values["first_divergence"]),
                           self_first_divergence_a=tuple(values["self_first_divergence_a"]),
@@ -185,6 +203,13 @@ def compare_runs(runs_a: list[GreedyRun], runs_b: list[GreedyRun], identity: dic
     across = tuple(first_divergence(x, y) for x, y in zip(first_a.sequences, first_b.sequences))
     broken = [f"arm {label} ({r[0].kernel}) does not reproduce itself across fresh processes"
               for label, r, ok in (("a", runs_a, repro_a), ("b", runs_b, repro_b)) if not ok]
+
+    def logits_reproduce(runs: list[GreedyRun]) -> bool | None:
+        if any(r.logit_digests is None for r in runs):
+            return None
+        return all(r.logit_digests == runs[0].logit_digests for r in runs[1:])
+
+    rows = logit_row_agreement(first_a, first_b)
     return GreedyAgreement(
         kernel_a=first_a.kernel, kernel_b=first_b.kernel, prompt_tokens=first_a.prompt_tokens,
         new_tokens=first_a.new_tokens, batch_size=first_a.batch_size, windows=first_a.windows,
@@ -192,7 +217,29 @@ def compare_runs(runs_a: list[GreedyRun], runs_b: list[GreedyRun], identity: dic
         sequences_a=tuple(r.sequences for r in runs_a), sequences_b=tuple(r.sequences for r in runs_b),
         arm_a_reproduces=repro_a, arm_b_reproduces=repro_b, self_first_divergence_a=self_a,
         self_first_divergence_b=self_b, n_prompts=len(across), identical_sequences=sum(d is None for d in across),
-        first_divergence=across, status="; ".join(broken) if broken else "compared", identity=identity)
+        first_divergence=across, status="; ".join(broken) if broken else "compared", identity=identity,
+        logits_reproduce_a=logits_reproduce(runs_a), logits_reproduce_b=logits_reproduce(runs_b),
+        logit_rows_identical=None if rows is None else rows[0], logit_rows_compared=None if rows is None else rows[1])
+
+
+def logit_row_agreement(a: GreedyRun, b: GreedyRun) -> tuple[int, int] | None:
+    """(identical, compared) logit rows of two runs over the prompts both generated (matched by window):
+    step i of a prompt is compared while the two sequences agree on tokens 0 … i−1, the steps where
+    both rows were computed from the same inputs. None when either run has no logit digests."""
+    if a.logit_digests is None or b.logit_digests is None:
+        return None
+    where_b = {w: i for i, w in enumerate(b.windows)}
+    identical = compared = 0
+    for i, w in enumerate(a.windows):
+        if w not in where_b:
+            continue
+        j = where_b[w]
+        for step, (da, db) in enumerate(zip(a.logit_digests[i], b.logit_digests[j])):
+            compared += 1
+            identical += da == db
+            if a.sequences[i][step] != b.sequences[j][step]:
+                break
+    return identical, compared
 
 
 def summary_lines(result: GreedyAgreement) -> list[str]:
@@ -203,6 +250,9 @@ def summary_lines(result: GreedyAgreement) -> list[str]:
               f"{result.runs_per_arm} fresh-process runs per arm"),
              f"  arm a reproduces itself: {result.arm_a_reproduces}; arm b: {result.arm_b_reproduces}",
              f"  identical sequences across arms: {result.identical_sequences}/{result.n_prompts}"]
+    if result.logits_reproduce_a is not None:
+        lines.append(f"  every logit row reproduces: arm a {result.logits_reproduce_a}, arm b {result.logits_reproduce_b}; "
+                     f"identical across arms: {result.logit_rows_identical}/{result.logit_rows_compared} rows")
     if diverged:
         lines.append(f"  first divergence (generated token index): min {min(diverged)}, "
                      f"median {sorted(diverged)[len(diverged) // 2]}, max {max(diverged)}")
@@ -241,21 +291,37 @@ def _max_positions(model_dir: Path) -> int | None:
 def generate(lm, input_ids: torch.Tensor, windows: tuple[int, ...], prompt_tokens: int, new_tokens: int,
              batch_size: int, progress: Progress | None = None) -> tuple[tuple[int, ...], ...]:
     """Greedy sequences for `windows` of the prompt ids [N,L], `batch_size` prompts at a time."""
+    out, digests = generate_with_digests(lm, input_ids, windows, prompt_tokens, new_tokens, batch_size, progress)
+    return out
+
+
+def generate_with_digests(lm, input_ids: torch.Tensor, windows: tuple[int, ...], prompt_tokens: int, new_tokens: int,
+                          batch_size: int, progress: Progress | None = None, trace=None):
+    """As `generate`, also the logit-row digests (hex) per prompt and step; `trace`: a ModuleTrace to
+    tell which prompts each batch holds."""
     out: list[tuple[int, ...]] = []
+    digests: list[tuple[str, ...]] = []
     for start in range(0, len(windows), batch_size):
         batch = list(windows[start : start + batch_size])
         ids = input_ids[batch, :prompt_tokens]
-        out += [tuple(row) for row in lm.greedy_batch(ids, new_tokens).tolist()]
+        if trace is not None:
+            trace.prompts = batch
+        steps: list[torch.Tensor] = []
+        out += [tuple(row) for row in lm.greedy_batch(ids, new_tokens, logit_digests=steps).tolist()]
+        per_prompt = torch.stack(steps, dim=1).tolist()
+        digests += [tuple(f"{d & 0xFFFFFFFFFFFFFFFF:016x}" for d in row) for row in per_prompt]
         if progress:
             progress(len(out), len(windows), f"prompts {batch[0]}..{batch[-1]}: {new_tokens} tokens each")
-    return tuple(out)
+    return tuple(out), tuple(digests)
 
 
 def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                    kernel: str | None, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                    batch_size: int = 1, arm: str | None = None, run_index: int = 1, device: str | None = None,
-                   overwrite: bool = False, progress: Progress | None = None) -> GreedyRun:
-    """One run of one arm into the folder `out` (run.json + manifest.json, atomically)."""
+                   overwrite: bool = False, progress: Progress | None = None, deterministic: bool = True,
+                   trace: bool = False) -> GreedyRun:
+    """One run of one arm into the folder `out` (run.json + manifest.json, atomically; with `trace`
+    also trace.pt, every module's output digests for `alibi locate`)."""
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
     from alibi.model.runner import load_model
@@ -274,24 +340,35 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                             _max_positions(model_dir))
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
     inputs = open_inputs(model_dir, prompts)
-    lm = load_model(model_dir, kernel, device)
+    lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     name = lm.kernel.name if lm.kernel is not None else None
     label = arm or name or "dense"
     if progress:
         progress.note(f"greedy run {label}-{run_index}: {name or 'dense'} on {lm.device}, {len(chosen)} prompts, "
                       f"batch {batch_size}")
+    from contextlib import nullcontext
+
+    from alibi.replay.hooks import ModuleTrace
+
     start = time.perf_counter()
-    sequences = generate(lm, prompts.input_ids, chosen, prompt_tokens, new_tokens, batch_size, progress)
+    with ModuleTrace(lm) if trace else nullcontext() as recorder:
+        sequences, digests = generate_with_digests(lm, prompts.input_ids, chosen, prompt_tokens, new_tokens,
+                                                   batch_size, progress, recorder)
     seconds = time.perf_counter() - start
     run = GreedyRun(kernel=name, arm=label, run=run_index, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                     batch_size=batch_size, windows=chosen,
                     prompt_sha256=tuple(window_sha256(prompts.input_ids[w, :prompt_tokens]) for w in chosen),
-                    sequences=sequences, seconds=round(seconds, 3))
+                    sequences=sequences, seconds=round(seconds, 3), logit_digests=digests)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / RUN_FILE, run.to_json())
+        if trace:
+            from alibi.replay.variations import Execution, save_execution
+
+            save_execution(Execution("greedy", {}, recorder), stage / TRACE_FILE)
         write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {
             "replay": "greedy", "windows": list(chosen), "prompt_tokens": prompt_tokens,
-            "new_tokens": new_tokens, "batch_size": batch_size, "decoding": "argmax of fp32 logits, KV cache"}))
+            "new_tokens": new_tokens, "batch_size": batch_size, "decoding": "argmax of fp32 logits, KV cache",
+            "trace": trace}))
     return run
 
 
@@ -310,7 +387,7 @@ def read_run(folder: str | os.PathLike) -> GreedyRun:
 def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                   kernel_a: str, kernel_b: str, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                   batch_size: int = 1, runs: int = 2, device: str | None = None, overwrite: bool = False,
-                  quiet: bool = False) -> GreedyAgreement | int:
+                  quiet: bool = False, deterministic: bool = True, trace: bool = False) -> GreedyAgreement | int:
     """Every run of both arms in a fresh process (a-1, b-1, a-2, b-2, … interleaved, so a drift of the
     machine over time cannot pass for a kernel difference), then the comparison. Returns the
     result, or the exit code of the run that failed (nothing is written then)."""
@@ -333,6 +410,10 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
         common += ["--device", device]
     if quiet:
         common.append("--quiet")
+    if not deterministic:
+        common.append("--nondeterministic")
+    if trace:
+        common.append("--trace")
     try:
         with atomic.staged_dir(out) as stage:
             folders: dict[str, list[Path]] = {"a": [], "b": []}

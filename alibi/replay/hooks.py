@@ -1,44 +1,67 @@
-"""Recording every module's output, row by row, while a model runs.
+"""A trace of a model run: a digest of every module's output, per forward call, batch row and position.
 
-`ModuleRecorder(lm)` is a context manager. While active it holds, for each recorded module, the
-rows of its output indexed by token position, over every forward of the model (a prefill, or a
-prefill followed by single-token decode steps with the KV cache), so two regimes can be compared
-position by position. It records
+`ModuleTrace(lm)` is a context manager. While active it records, for every forward of the model (a
+prefill, a chunk, a decode step against the KV cache, any batch size), for each module in
+execution order and each batch row and token position of that forward, a 64-bit digest of the
+output row's bit pattern. Two traces — two arms, two cold restarts, two execution variations —
+are then compared key by key (prompt, position) to name the first module whose bits differ
+(`first_divergence`). It records
 
 - every *leaf* module (one without children) through a torch forward hook: in a Llama the token
-  embedding, the rotary embedding (its cos and sin, `…rotary_emb[0]` and `[1]`), each RMSNorm, the
-  q/k/v/o projections, the MLP's gate/up/down projections and its activation, the final norm and
-  `lm_head`. Containers (decoder layers, the attention and MLP blocks) add nothing a leaf does not
-  show: their outputs are sums of leaf outputs and inputs;
-- the attention core, which is a function and not a module: the attention function transformers
-  dispatches to (`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`, e.g. `sdpa`) is wrapped
-  for the duration, and records its query and key *after* RoPE (`…self_attn.q_rope`, `.k_rope`;
-  for keys only the rows of the current call's positions, not the cached ones) and its output
-  (`…self_attn.attention`, before `o_proj`). The wrapper calls the original function with the same
-  arguments and returns its result unchanged, and the mask the model builds depends only on the
-  implementation's name, which stays the same, so recording changes no bit of the computation.
-  If a model does not dispatch through that table, these three are absent and `attention_core`
-  is False.
+  embedding, the rotary embedding (its cos and sin, `…rotary_emb[0]` and `[1]`, which broadcast
+  over the batch), each RMSNorm, the q/k/v/o projections, the MLP's gate/up/down projections and
+  its activation, the final norm and `lm_head`. Containers add nothing a leaf does not show: their
+  outputs are sums of leaf outputs and inputs;
+- the attention core, which is a function and not a module: the function transformers dispatches
+  to (`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`) is wrapped for the duration, and
+  records its query and key *after* RoPE (`…self_attn.q_rope`, `.k_rope`; for keys only the rows of
+  the current call's positions) and its output (`…self_attn.attention`, before `o_proj`). The
+  wrapper returns the original's result unchanged, so tracing changes no bit of the computation.
 
-Rows. A module's output in one forward is `[1, S, …]` (batch 1) for the S tokens of that forward,
-which start at position `past` (the KV cache's length before it; 0 for a prefill). q/k are
-`[1, H, S, D]` and are taken per position across heads. Modules are named by `named_modules`,
-with `#k` appended to the k-th call within one forward of a module called more than once, and
-listed in the order of their first call (`order`): execution order.
+The digest. A row's elements are read as unsigned bit patterns x_i and digested as
+Σ x_i·w_i mod 2^64 with fixed odd weights w_i < 2^31 (`row_digests`). It is computed on the
+model's device in integer arithmetic, so it is exact and independent of the order of the sum. Two
+rows that differ in one element always get different digests (x·w ≡ 0 mod 2^64 with w odd needs
+x ≡ 0); rows that differ in several collide with probability about 2^-64.
 
-Recorded rows are detached copies on the model's device: recording never touches the tensors
-the model computes with.
+Rows and prompts. Row b of a forward is prompt `prompts[b]` (set `trace.prompts` before the forward
+when the batch is not prompts 0 … B−1). Modules are named by `named_modules`, with `#k` appended to
+the k-th call within one forward of a module called more than once. With `last_token_only`, each
+forward records only its last token's rows (a recomputation: position t is the last token of the
+forward that recomputes it).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
 import torch
 
+from alibi.numerics import bits
+
 ATTENTION_SUFFIXES = ("q_rope", "k_rope", "attention")
+_DIGEST_SEED = 0x5EED
+
+
+@functools.lru_cache(maxsize=64)
+def _weights(width: int, device: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(_DIGEST_SEED)
+    return (torch.randint(1, 2**31, (width,), generator=g, dtype=torch.int64) | 1).to(device)
+
+
+def row_digests(t: torch.Tensor) -> torch.Tensor:
+    """int64 [B, S] on the CPU: the digest of each row t[b, s, …] (module docstring)."""
+    b, s = t.shape[:2]
+    if t.is_floating_point():
+        width = t.element_size() * 8
+        x = bits(t).to(torch.int64) & ((1 << width) - 1)
+    else:
+        x = t.to(torch.int64)
+    x = x.reshape(b, s, -1)
+    return (x * _weights(x.shape[-1], str(x.device))).sum(dim=-1).cpu()
 
 
 def _tensors(output) -> list[torch.Tensor]:
@@ -49,60 +72,129 @@ def _tensors(output) -> list[torch.Tensor]:
     return []
 
 
+@dataclass(frozen=True)
+class Call:
+    """One forward of the model: its index in the run, the cache length before it (`past`, the
+    position of its first token), its token count and the prompt of each batch row."""
+
+    index: int
+    past: int
+    tokens: int
+    prompts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place two traces differ: the prompt and token position, the module (first in
+    execution order at that position), its `kind`, and the forward call of each run that computed it."""
+
+    prompt: int
+    position: int
+    module: str
+    kind: str
+    call_a: int
+    call_b: int
+
+
+def module_kind(module: torch.nn.Module | None, name: str) -> str:
+    """What a recorded module is: w8a8-linear (the kernel under test), linear (dense), norm,
+    embedding, rotary, activation, rope (q/k after RoPE), attention-core, or other."""
+    if name.rsplit(".", 1)[-1].split("#")[0] in ("q_rope", "k_rope"):
+        return "rope"
+    if name.rsplit(".", 1)[-1].split("#")[0] == "attention":
+        return "attention-core"
+    cls = type(module).__name__ if module is not None else ""
+    if cls == "W8A8Linear":
+        return "w8a8-linear"
+    if cls in ("Linear", "RowBlockLinear"):
+        return "linear"
+    if cls.endswith("Norm"):
+        return "norm"
+    if cls == "Embedding":
+        return "embedding"
+    if "Rotary" in cls:
+        return "rotary"
+    if "Activation" in cls or cls in ("SiLU", "GELU", "SiLUActivation"):
+        return "activation"
+    return "other"
+
+
 @dataclass
-class ModuleRecorder:
-    """Context manager: rows of every leaf module's output and of the attention core, by position."""
+class ModuleTrace:
+    """Context manager: per-row digests of every leaf module's output and of the attention core."""
 
     lm: object
+    prompts: Sequence[int] | None = None
+    last_token_only: bool = False
     order: list[str] = field(default_factory=list)
-    chunks: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    kinds: dict[str, str] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    digests: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
     attention_core: bool = False
-    _past: int = 0
-    _calls: dict[str, int] = field(default_factory=dict)
+    _fed: int = 0
+    _calls_in_forward: dict[str, int] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
-    _names: dict[int, str] = field(default_factory=dict)
+    _modules: dict[int, tuple[str, torch.nn.Module]] = field(default_factory=dict)
     _restore: object = None
 
     # --- recording ---------------------------------------------------------------------------
 
-    def _store(self, name: str, rows: torch.Tensor) -> None:
-        """rows: [S, …] for positions past … past+S−1 of the current forward."""
-        if name not in self.chunks:
+    def _store(self, name: str, kind: str, rows: torch.Tensor) -> None:
+        """rows: [B or 1, S, …] for the current call's batch rows and positions."""
+        call = self.calls[-1]
+        if self.last_token_only:
+            rows = rows[:, -1:]
+        if rows.shape[0] == 1 and len(call.prompts) > 1:  # broadcast over the batch (rotary cos/sin)
+            rows = rows.expand(len(call.prompts), *rows.shape[1:])
+        if name not in self.digests:
             self.order.append(name)
-        self.chunks[name].append((self._past, rows.detach().clone()))
+            self.kinds[name] = kind
+            self.digests[name] = []
+        self.digests[name].append((call.index, row_digests(rows.detach())))
 
     def _call_name(self, base: str) -> str:
-        k = self._calls.get(base, 0)
-        self._calls[base] = k + 1
+        k = self._calls_in_forward.get(base, 0)
+        self._calls_in_forward[base] = k + 1
         return base if k == 0 else f"{base}#{k}"
 
     def _on_forward_start(self, _module, args, kwargs) -> None:
         past = kwargs.get("past_key_values")
-        self._past = int(past.get_seq_length()) if past is not None and hasattr(past, "get_seq_length") else 0
-        self._calls = {}
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        batch, tokens = (int(ids.shape[0]), int(ids.shape[1])) if ids is not None else (1, 0)
+        prompts = tuple(self.prompts) if self.prompts is not None else tuple(range(batch))
+        if len(prompts) != batch:
+            raise ValueError(f"trace.prompts names {len(prompts)} prompts for a batch of {batch}")
+        start = int(past.get_seq_length()) if past is not None and hasattr(past, "get_seq_length") else 0
+        self._fed = tokens
+        if self.last_token_only:
+            start, tokens = start + tokens - 1, 1
+        self.calls.append(Call(len(self.calls), start, tokens, prompts))
+        self._calls_in_forward = {}
 
     def _leaf_hook(self, module, _inputs, output) -> None:
-        name = self._call_name(self._names[id(module)])
+        base, mod = self._modules[id(module)]
+        name = self._call_name(base)
         tensors = _tensors(output)
+        call = self.calls[-1]
         for i, t in enumerate(tensors):
-            if t.dim() < 2 or t.shape[0] != 1:
-                continue  # not a [1, S, ...] activation (batch 1 is what the regimes compare)
-            self._store(name if len(tensors) == 1 else f"{name}[{i}]", t[0])
+            if t.dim() < 2 or t.shape[1] != self._fed or t.shape[0] not in (1, len(call.prompts)):
+                continue  # not a [B, S, …] activation of this call
+            self._store(name if len(tensors) == 1 else f"{name}[{i}]", module_kind(mod, name), t)
 
     def _attention(self, original):
         def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
             result = original(module, query, key, value, attention_mask, *args, **kwargs)
-            owner = self._names.get(id(module), "attention")
-            k = self._calls.get(f"{owner}.core", 0)
-            self._calls[f"{owner}.core"] = k + 1
+            owner = self._modules.get(id(module), ("attention", None))[0]
+            k = self._calls_in_forward.get(f"{owner}.core", 0)
+            self._calls_in_forward[f"{owner}.core"] = k + 1
             suffix = "" if k == 0 else f"#{k}"
             s = query.shape[2]
             self.attention_core = True
-            self._store(f"{owner}.q_rope{suffix}", query[0].transpose(0, 1))
-            self._store(f"{owner}.k_rope{suffix}", key[0, :, -s:].transpose(0, 1))
+            self._store(f"{owner}.q_rope{suffix}", "rope", query.transpose(1, 2))
+            self._store(f"{owner}.k_rope{suffix}", "rope", key[:, :, -s:].transpose(1, 2))
             out = _tensors(result)
             if out:
-                self._store(f"{owner}.attention{suffix}", out[0][0])
+                self._store(f"{owner}.attention{suffix}", "attention-core", out[0])
             return result
 
         return wrapped
@@ -111,7 +203,7 @@ class ModuleRecorder:
 
     def __enter__(self) -> Self:
         model = self.lm.model
-        self._names = {id(m): name for name, m in model.named_modules()}
+        self._modules = {id(m): (name, m) for name, m in model.named_modules()}
         self._handles.append(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
         for name, module in model.named_modules():
             if name and not any(True for _ in module.children()):
@@ -149,13 +241,58 @@ class ModuleRecorder:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def rows(self, name: str, positions: int) -> torch.Tensor:
-        """The rows [positions, …] of module `name`, position t from the forward that computed it.
+    def table(self) -> dict[tuple[int, int], dict[str, tuple[int, int]]]:
+        """(prompt, position) → {module: (digest, call index)}; a position computed by several calls
+        (it cannot be, in the runner's regimes) keeps the last."""
+        out: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
+        for name in self.order:
+            for index, d in self.digests[name]:
+                call = self.calls[index]
+                values = d.tolist()
+                for row, prompt in enumerate(call.prompts):
+                    for s, digest in enumerate(values[row]):
+                        out.setdefault((prompt, call.past + s), {})[name] = (digest, index)
+        return out
 
-        Raises ValueError unless every position 0 … positions−1 was computed exactly once."""
-        chunks = sorted(self.chunks[name], key=lambda c: c[0])
-        covered = [p for start, rows in chunks for p in range(start, start + rows.shape[0])]
-        if covered != list(range(positions)):
+    def position_digests(self, name: str, positions: int, prompt: int = 0) -> torch.Tensor:
+        """int64 [positions]: the digest of module `name`'s row at positions 0 … positions−1 of `prompt`.
+
+        Raises ValueError unless every position was computed exactly once."""
+        seen: dict[int, int] = {}
+        for index, d in self.digests[name]:
+            call = self.calls[index]
+            if prompt not in call.prompts:
+                continue
+            row = d[call.prompts.index(prompt)].tolist()
+            for s, digest in enumerate(row):
+                if call.past + s in seen:
+                    raise ValueError(f"{name}: position {call.past + s} was computed more than once")
+                seen[call.past + s] = digest
+        if sorted(seen) != list(range(positions)):
             raise ValueError(f"{name}: recorded positions are not exactly 0..{positions - 1}")
-        return torch.cat([rows for _, rows in chunks], dim=0)
+        return torch.tensor([seen[p] for p in range(positions)], dtype=torch.int64)
 
+
+def first_divergence(a: ModuleTrace, b: ModuleTrace, keys=None) -> Divergence | None:
+    """The first (position, module) at which two traces differ, over the (prompt, position) keys both
+    hold (or `keys`): the smallest position with any difference (prompts in order), then the first
+    module in execution order there. None when every compared row is identical. A module that ran
+    in only one trace differs."""
+    ta, tb = a.table(), b.table()
+    shared = sorted(set(ta) & set(tb), key=lambda k: (k[1], k[0])) if keys is None else \
+        sorted(keys, key=lambda k: (k[1], k[0]))
+    order = list(a.order) + [n for n in b.order if n not in a.kinds]
+    for key in shared:
+        ra, rb = ta.get(key, {}), tb.get(key, {})
+        for name in order:
+            da, db = ra.get(name), rb.get(name)
+            if da is None and db is None:
+                continue
+            if da is None or db is None or da[0] != db[0]:
+                kind = a.kinds.get(name) or b.kinds.get(name, "other")
+                return Divergence(prompt=key[0], position=key[1], module=name, kind=kind,
+                                  call_a=da[1] if da else -1, call_b=db[1] if db else -1)
+    return None
+
+
+__all__ = ["ATTENTION_SUFFIXES", "Call", "Divergence", "ModuleTrace", "first_divergence", "module_kind", "row_digests"]

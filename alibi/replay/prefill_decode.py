@@ -10,8 +10,9 @@ with the regime. Per window of the prompt set, tokens 0 … T+P−1 are run
   (`LoadedModel.incremental_logits`),
 
 and the output rows at positions T … T+P−1 (the rows decode computes one token at a time; row t
-predicts token t+1) are compared bit for bit: the fp32 logits, and, through `ModuleRecorder`,
-the output row of every module at that position. The first module in execution order whose row
+predicts token t+1) are compared bit for bit: the fp32 logits, and
+the digest of every module's output row at that position (`alibi.replay.hooks.ModuleTrace`, the
+same trace `alibi locate` and `alibi variations` compare). The first module in execution order whose row
 differs in any bit is where the two regimes part for that position. Modules mix positions only in
 the attention core, so a row can differ there because an earlier position's keys or values
 differed, even if that position's own q/k/v rows agree; the per-module counts show such cases.
@@ -36,7 +37,7 @@ import torch
 from alibi.errors import InputError
 from alibi.numerics import bits
 from alibi.progress import Progress
-from alibi.replay.hooks import ModuleRecorder
+from alibi.replay.hooks import ModuleTrace
 from alibi.replay.setup import Span
 
 SCHEMA = "alibi-prefill-decode/v1"
@@ -169,15 +170,15 @@ class WindowComparison:
 def compare_window(lm, ids: torch.Tensor, context: int, window: int = 0) -> WindowComparison:
     """Run both regimes over the token ids [T+P] with every module recorded, and compare."""
     n = ids.numel()
-    with ModuleRecorder(lm) as pre:
+    with ModuleTrace(lm) as pre:
         full = lm.logits(ids.reshape(1, -1))[0]
-    with ModuleRecorder(lm) as dec:
+    with ModuleTrace(lm) as dec:
         inc = lm.incremental_logits(ids, context)
     if set(pre.order) != set(dec.order):
         only = sorted(set(pre.order) ^ set(dec.order))
         raise RuntimeError(f"modules {only[:3]} ran in only one of the two regimes; they cannot be compared")
     order = tuple(pre.order)
-    module_rows = {name: rows_differ(pre.rows(name, n), dec.rows(name, n)) for name in order}
+    module_rows = {name: pre.position_digests(name, n) != dec.position_digests(name, n) for name in order}
     logit_rows = rows_differ(full, inc)
     matrix = torch.stack([module_rows[name] for name in order]) if order else torch.zeros(0, n, dtype=torch.bool)
     top2 = full[context:].topk(2, dim=-1).values
@@ -268,7 +269,7 @@ def resolve_pvd_span(prompts, windows: int | None, context: int | None, position
 def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                           kernel: str | None, windows: int | None = None, context: int | None = None,
                           positions: int | None = None, device: str | None = None, overwrite: bool = False,
-                          progress: Progress | None = None) -> PrefillDecodeResult:
+                          progress: Progress | None = None, deterministic: bool = True) -> PrefillDecodeResult:
     """Prefill vs decode of one arm into the folder `out` (prefill_decode.json + manifest.json)."""
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
@@ -284,7 +285,7 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
     span = resolve_pvd_span(prompts, windows, context, positions, prompts_dir)
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
     inputs = open_inputs(model_dir, prompts)
-    lm = load_model(model_dir, kernel, device)
+    lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     if progress:
         progress.note(f"prefill-vs-decode: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
                       f"{len(span.windows)} windows × {span.positions} positions after {span.context} tokens")

@@ -173,7 +173,7 @@ def replay_predicate(inputs: ReplayInputs, lm, arm: str, parameters: Mapping[str
     from alibi.governance.manifest import build_predicate, treatment_of
 
     treatment = None if lm.kernel is None else treatment_of(lm.kernel, arm)
-    params = {**parameters, "device": lm.device.type,
+    params = {**parameters, "device": lm.device.type, "execution": lm.execution.as_dict(),
               "checkpoint_verified_against_manifest": inputs.checkpoint_verified}
     return build_predicate(inputs=inputs.resources, treatment=treatment, parameters=params)
 

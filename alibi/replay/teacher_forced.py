@@ -198,7 +198,8 @@ def _check_finite(stats: torch.Tensor, window: int, context: int, lm) -> None:
 def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                        kernel: str | None, windows: int | None = None, context: int | None = None,
                        positions: int | None = None, arm: str | None = None, device: str | None = None,
-                       overwrite: bool = False, progress: Progress | None = None) -> ArmRecords:
+                       overwrite: bool = False, progress: Progress | None = None,
+                       deterministic: bool = True) -> ArmRecords:
     """One arm's teacher-forced replay into the folder `out` (records.json + manifest.json, atomically).
 
     Everything is validated before the model loads; InputError (exit 2) for bad input, with
@@ -219,7 +220,7 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
     inputs = open_inputs(model_dir, prompts)
-    lm = load_model(model_dir, kernel, device)
+    lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     label = arm or (lm.kernel.name if lm.kernel is not None else "dense")
     if progress:
         progress.note(f"teacher-forced replay: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device}, "
@@ -273,7 +274,7 @@ def run_child(argv: list[str], what: str, cwd: str | os.PathLike | None = None) 
 def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
              kernel_a: str, kernel_b: str, windows: int | None = None, context: int | None = None,
              positions: int | None = None, device: str | None = None, overwrite: bool = False,
-             quiet: bool = False) -> int:
+             quiet: bool = False, deterministic: bool = True) -> int:
     """Both arms, each in a fresh process (`OUT/arm-a`, `OUT/arm-b`), then the flip analysis into
     `OUT/flips`; the whole folder appears only if every step succeeded. Returns the exit code of
     the first step that failed (0 when all succeeded).
@@ -297,6 +298,8 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
                         ("--device", device)):
         if value is not None:
             common += [flag, str(value)]
+    if not deterministic:
+        common.append("--nondeterministic")
     if quiet:
         common.append("--quiet")
     try:

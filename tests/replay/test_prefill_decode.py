@@ -74,12 +74,12 @@ def test_a_decode_only_kernel_fault_is_attributed_to_the_first_quantized_linear_
 def test_recording_every_module_changes_no_bit_of_either_regime(tiny):
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model
-    from alibi.replay.hooks import ModuleRecorder
+    from alibi.replay.hooks import ModuleTrace
 
     lm = load_model(tiny / "w8a8", "torch-cpu")
     ids = load_prompt_set(tiny / "set").input_ids[1, :30]
     plain_prefill, plain_decode = lm.logits(ids.reshape(1, -1))[0], lm.incremental_logits(ids, 12)
-    with ModuleRecorder(lm) as rec:
+    with ModuleTrace(lm) as rec:
         hooked_prefill, hooked_decode = lm.logits(ids.reshape(1, -1))[0], lm.incremental_logits(ids, 12)
     assert torch.equal(bits(plain_prefill), bits(hooked_prefill)) and torch.equal(bits(plain_decode), bits(hooked_decode))
     assert rec.attention_core and len(rec.order) == len(EXECUTION_ORDER)
@@ -90,13 +90,14 @@ def test_the_attention_function_is_restored_after_recording(tiny):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from alibi.model.runner import load_model
-    from alibi.replay.hooks import ModuleRecorder
+    from alibi.replay.hooks import ModuleTrace
 
     lm = load_model(tiny / "w8a8", "torch-cpu")
-    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    with ModuleRecorder(lm):
-        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not before
-    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    impl = lm.model.config._attn_implementation
+    before = ALL_ATTENTION_FUNCTIONS[impl]
+    with ModuleTrace(lm):
+        assert ALL_ATTENTION_FUNCTIONS[impl] is not before
+    assert ALL_ATTENTION_FUNCTIONS[impl] is before
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in lm.model.modules())
 
 

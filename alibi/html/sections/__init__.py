@@ -30,6 +30,7 @@ SECTION_MODULES = [
     "alibi.html.sections.flips",
     "alibi.html.sections.depth",
     "alibi.html.sections.mutants",
+    "alibi.html.sections.variations",
     "alibi.html.sections.matrix",
 ]
 

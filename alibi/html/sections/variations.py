@@ -1,0 +1,29 @@
+"""The execution-variations section: one row per variation of `alibi variations`, with the first
+diverging module of each that fails. It reads `variations.json` through `VariationsReport.from_json`."""
+
+from __future__ import annotations
+
+from alibi.errors import InputError
+from alibi.html.render import RenderedSection, render_fragment
+from alibi.html.sections import Section
+
+VARIATION_FILES = ("variations.json",)
+
+
+def render_text(text: str, where: str) -> RenderedSection:
+    from alibi.replay.variations import VariationsReport
+
+    try:
+        r = VariationsReport.from_json(text, where)
+    except InputError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where}: not a readable variations result ({type(exc).__name__}: {exc}); re-run "
+                         "`alibi variations`") from None
+    title = f"Execution variations: {r.kernel or 'dense model'} on {r.device}"
+    return RenderedSection("variations", title, render_fragment("variations.html.j2", r=r, title=title))
+
+
+SECTION = Section(key="variations", files=VARIATION_FILES, render=render_text)
+
+__all__ = ["SECTION", "VARIATION_FILES", "render_text"]
