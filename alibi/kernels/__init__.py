@@ -45,6 +45,9 @@ _BUILTIN: dict[str, str] = {
     "torchao-int8": "alibi.kernels.torchao:TorchaoInt8Kernel",
     "torchao-int-scaled-mm": "alibi.kernels.torchao:TorchaoIntScaledMmKernel",
     "bnb-int8": "alibi.kernels.bnb:BnbInt8Kernel",
+    "fbgemm-fp8-row": "alibi.kernels.fbgemm:FbgemmFp8RowKernel",
+    "sgl-int8": "alibi.kernels.sglang:SglInt8Kernel",
+    "sgl-fp8": "alibi.kernels.sglang:SglFp8Kernel",
 }
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 
