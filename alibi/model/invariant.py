@@ -70,7 +70,8 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 # exp(x) for x ≤ 0 from correctly rounded float32 operations (used on the CPU, see the module
 # docstring): x = n·ln2 + r with |r| ≤ ln2/2 (Cody–Waite, ln2 split so n·LN2_HI is exact), then
-# e^r by a degree-7 Taylor polynomial in Horner form (error below 2^-24 relative on that interval),
+# e^r by a degree-7 Taylor polynomial in Horner form (truncation below 2^-27 relative on that
+# interval; with the roundings of the steps, measured at most 1.21 ulp from e^x over [-87, 0]),
 # then scaled by 2^n built from its bit pattern. Each step is a separate elementwise operation, so
 # no compiler can contract or reorder it.
 _LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068203094172e-06
