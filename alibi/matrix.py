@@ -3,9 +3,10 @@
 Every pair goes through the one conformance pipeline (`alibi.conform.run_conformance`), so a cell
 holds what `alibi conform --kernel-a A --kernel-b B` would report for the same tiles and regimes.
 Each kernel runs once per tile and regime: its outputs (and its exposed accumulator) are recorded
-the first time a pair asks for them, keyed by the sha256 of the operands it is handed, and every
-later pair that hands it the same operands gets the recorded output (`RecordedKernel`; the
-matrix records each kernel's launches, so this is checked, not assumed).
+the first time a pair asks for them, keyed by the operands it is handed (`operand_key`: the tile's
+name, unique within the source, and the bytes of its scales and bias), and every later pair that
+hands it the same operands gets the recorded output (`RecordedKernel`; the matrix records each
+kernel's launches, so this is checked, not assumed).
 
 Two checks are properties of one kernel, not of a pair: M-invariance and run-to-run determinism.
 Replaying a recorded output cannot test them, so the pairs run without them (`invariance=False`)
@@ -199,19 +200,20 @@ class Matrix:
 # --- each kernel once per tile --------------------------------------------------------------------
 
 def operand_key(tile: Tile) -> str:
-    """sha256 over the bytes of the five operands, their dtypes and shapes, and the output dtype."""
+    """What identifies a kernel's operands within one matrix: the tile's name (names are unique within a source,
+    each tile digested when it was read, and a regime changes only scales), the shapes and dtypes, and the bytes
+    of the small operands (scales, bias) and the output dtype. Hashing the int8/fp8 matrices themselves on every
+    request would cost more than the kernels on a GPU."""
     import hashlib
 
     import torch
 
-    h = hashlib.sha256()
-    for name in ("a_q", "s_a", "w_q", "s_w", "bias"):
+    h = hashlib.sha256(f"{tile.name}\0{tile.out_dtype}".encode())
+    for name in ("a_q", "w_q", "s_a", "s_w", "bias"):
         t = getattr(tile, name)
         h.update(f"{name}:{None if t is None else (str(t.dtype), tuple(t.shape))};".encode())
-        if t is not None:
-            flat = t.detach().contiguous().view(-1)
-            h.update(flat.view(torch.uint8).cpu().numpy().tobytes())
-    h.update(str(tile.out_dtype).encode())
+        if t is not None and name not in ("a_q", "w_q"):
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -336,6 +338,12 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
     fmt = source.tiles[0].fmt if source.tiles else None
     if fmt is None:
         raise InputError("no tiles to check")
+    tile_names = [t.name for t in source.tiles]
+    if len(set(tile_names)) != len(tile_names):
+        dup = next(n for n in tile_names if tile_names.count(n) > 1)
+        raise InputError(f"two tiles are named {dup!r}: a matrix tells tiles apart by name; rename one")
+    if len({t.fmt for t in source.tiles}) > 1:
+        raise InputError(f"the tiles mix formats ({', '.join(sorted({t.fmt for t in source.tiles}))}): give one format")
     chosen, unavailable = [], []
     for kernel in objects:
         ok, reason = kernel.available()

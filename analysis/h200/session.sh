@@ -16,6 +16,8 @@
 #   (the old pipeline's "before" throughput of issue 12 came from a stage of commit 36e9031, with
 #   analysis/conform_throughput.py of that commit; `alibi bench conform` measures it now: pipeline.sh)
 #   e2e       (part ac) prepare, capture, triton:w_then_a+fma vs cutlass on the capture and end to end
+#   ecosystem TorchAO, bitsandbytes, FBGEMM, SGLang kernels: identify and `alibi matrix` (issue 22;
+#             analysis/h200/ecosystem.sh says what to carry and which parts to run in which call)
 #   pipeline  (part ac) prepare, capture, then analysis/h200/pipeline.sh (issue 12); `vllm` after it with
 #             VLLM_PARTS=conform re-runs only vLLM's conform pairs
 #
@@ -93,6 +95,10 @@ case $STAGE in
     KERNEL_A=cutlass KERNEL_B=triton:w_then_a+fma CHECKPOINTS=real PARTS="tf greedy" BUDGET_S=${BUDGET_S:-300} \
       bash analysis/h200/tokens.sh "$W/model/w8a8" "$W/model/w8a8-pow2-ceil" experiments/prompts/wikipedia-64x512 fma-tokens
     tar -C "$OUT" -czf "$OUT/fma.tgz" fma && rm -rf "$OUT/fma" ;;
+  ecosystem)  # other projects' kernels (issue 22): identify + matrices, analysis/h200/ecosystem.sh (ECO_PARTS picks
+              # parts); keeps a GGUF part it carries, so `capture flips` can follow the two stash calls
+    stash_gguf_part
+    source analysis/h200/ecosystem.sh ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 stamp "stage $STAGE done"
