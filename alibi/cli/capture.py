@@ -15,7 +15,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, required=True, help="prompt set folder (`alibi prompts build`)")
     p.add_argument("--tokens", type=int, help="tokens of the window to run, i.e. M (default: the whole window)")
     p.add_argument("--window", type=int, default=0, help="which window of the prompt set (default 0)")
-    p.add_argument("--kernel", default="torch-cpu", help="kernel the quantized Linears call (default torch-cpu)")
+    p.add_argument("--kernel", help="kernel the quantized Linears call (default: torch-cpu in the own runner; "
+                   "vLLM's own kernel with --engine vllm, where an alibi kernel name swaps it in)")
     p.add_argument("--device", help="device for the model (default: the kernel's)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -23,6 +24,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capture", help="record each quantized Linear's exact operands as tiles")
     _common(p)
+    p.add_argument("--engine", choices=("own", "vllm"), default="own",
+                   help="own: the toolkit's runner (default); vllm: a real vLLM engine with alibi's plugin recording "
+                        "the operands vLLM's int8 kernel receives (docs/vllm-engine.md)")
     p.add_argument("--out", type=Path, required=True, help="output folder for the tiles and manifest.json")
     p.set_defaults(func=run)
     o = sub.add_parser("capture-overhead", help="benchmark: forward time with capture vs without (ratio)")
@@ -42,8 +46,20 @@ def _progress(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from alibi.model.capture import capture_to_folder
 
+    if args.engine == "vllm":
+        from alibi.engine.vllm_runs import capture_with_vllm
+        from alibi.errors import InputError
+
+        if args.device not in (None, "cpu"):
+            raise InputError(f"--device {args.device}: --engine vllm runs the engine vLLM was built for (the CPU here)")
+        _progress(args).note(f"alibi capture: starting a vLLM engine on {args.model} (about a minute)")
+        result = capture_with_vllm(args.model, args.prompts, args.out, tokens=args.tokens, window=args.window,
+                                   kernel=args.kernel)
+        print(f"captured {len(result.files)} tiles inside vLLM at M={result.tokens} into {result.folder} "
+              "(manifest.json pins each; engine.log and engine.json record vLLM's kernel choice)")
+        return 0
     result = capture_to_folder(args.model, args.prompts, args.out, tokens=args.tokens, window=args.window,
-                               kernel=args.kernel, device=args.device, progress=_progress(args))
+                               kernel=args.kernel or "torch-cpu", device=args.device, progress=_progress(args))
     print(f"captured {len(result.files)} tiles at M={result.tokens} into {result.folder} (manifest.json pins each)")
     return 0
 
@@ -63,7 +79,7 @@ def overhead(args: argparse.Namespace) -> int:
     tokens = prompts.tokens if args.tokens is None else args.tokens
     if not 0 <= args.window < prompts.windows or not 1 <= tokens <= prompts.tokens:
         raise InputError(f"--window/--tokens out of range for {args.prompts} ({prompts.windows}×{prompts.tokens})")
-    lm = load_model(args.model, args.kernel, args.device)
+    lm = load_model(args.model, args.kernel or "torch-cpu", args.device)
     ids = prompts.input_ids[args.window, :tokens].reshape(1, -1)
     _progress(args).note(f"alibi {args.command}: timing {args.repeats} forwards of M={tokens} with and without "
                          "capture (after one warm-up each)")

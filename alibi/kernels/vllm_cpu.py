@@ -123,6 +123,7 @@ class VllmCpuOnednnKernel(Kernel):
     formats = ("int8",)
     device = "cpu"
     epilogue = VLLM_CPU_ONEDNN
+    vllm_linear_kernels = ("CPUInt8ScaledMMLinearKernel",)  # the class whose oneDNN path this is (kernel_log)
     description = ("vLLM 0.32 CPU oneDNN int8 GEMM (create_onednn_scaled_mm + onednn_scaled_mm), dynamic "
                    "per-token activation scales, per-channel weight scales")
 

