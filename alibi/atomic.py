@@ -246,6 +246,19 @@ def _swap_in(stage: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def discard_dir(folder: str | os.PathLike, beside: str | os.PathLike) -> None:
+    """Remove `folder` so that a kill at any instant leaves it whole or gone, never half deleted
+    under its own name: one rename (`_commit`) to a staging name of destination `beside` — which
+    every later write of `beside` removes (`remove_stale_stages`) if a kill stops the deletion —
+    then the deletion. `folder` must lie in the folder that holds `beside`."""
+    folder, beside = Path(folder), Path(beside)
+    if not folder.exists():
+        return
+    trash = Path(tempfile.mkdtemp(prefix=_stage_prefix(beside), suffix=STAGE_SUFFIX, dir=beside.parent))
+    _commit(folder, trash / "x")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def staged_dir(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield an empty staging folder that replaces `path` only if the block completes.

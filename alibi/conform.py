@@ -42,11 +42,10 @@ from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tile import Tile
 from alibi.token_risk import ReplayEvidence
+from alibi.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 
 REGIMES = ("real", "pow2")
 SUB_BATCH_SIZES = (1, 4, 16)
-UNIT_SCHEMA = "alibi.conform-unit/v1"
-PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -476,25 +475,17 @@ def unit_id(index: int, tile_name: str, regime: str) -> str:
     return f"{index:04d}-{regime}-{safe}"
 
 
-def _canonical(obj: Any) -> str:
-    from alibi.governance.manifest import canonical_json
+def check_formats(pair: Pair, tiles: Iterable[Tile]) -> None:
+    """InputError before anything is written unless both kernels take every tile's operand format."""
+    from alibi.errors import shown
 
-    return canonical_json(obj)
-
-
-def _read_unit(path: Path, tile: str, regime: str) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
-    from alibi import jsonio
-
-    try:
-        doc = jsonio.read(path)
-        text = path.read_bytes().decode("utf-8")
-        unit = UnitResult.from_dict(doc["unit"])
-        evidence = doc["evidence"]
-    except (InputError, OSError, UnicodeError, KeyError, TypeError, ValueError):
-        raise InputError(f"{one_line(str(path))}: damaged unit result; delete it and resume") from None
-    if doc.get("schema") != UNIT_SCHEMA or _unit_text(doc) != text or unit.tile != tile or unit.regime != regime:
-        raise InputError(f"{one_line(str(path))}: does not hold the result of this unit; delete it and resume")
-    return unit, evidence
+    for tile in tiles:
+        for arm, kernel in (("a", pair.a), ("b", pair.b)):
+            formats = tuple(getattr(kernel, "formats", ()) or ())
+            if tile.fmt not in formats:
+                raise InputError(f"tile {shown(tile.name)} holds {tile.fmt} operands but kernel {kernel.name!r} "
+                                 f"(arm {arm}) takes {', '.join(formats) or 'no declared format'}; choose kernels for "
+                                 f"{tile.fmt} tiles (see `alibi kernels`); nothing was run or written")
 
 
 def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dict[str, Any]) -> dict[str, Any]:
@@ -507,25 +498,14 @@ def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dic
             "environment": environment_record()}
 
 
-def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at: str | None) -> str | None:
-    """Create the units folder with its plan, or (resume) check that the folder continues this very plan;
-    returns the run's created_at (the first start's, when resuming)."""
-    from alibi import jsonio
-
-    plan_path = units_dir / PLAN_FILE
-    if resume and plan_path.is_file():
-        old = jsonio.read(plan_path)
-        if not isinstance(old, dict) or {k: v for k, v in old.items() if k != "created_at"} != plan:
-            raise InputError(f"{one_line(str(units_dir))}: cannot resume: that run was started with other kernels, "
-                             "tiles, regimes, parameters, toolkit or machine; run without --resume to start afresh")
-        return old.get("created_at")
-    if units_dir.exists():
-        import shutil
-
-        shutil.rmtree(units_dir)  # a fresh (non-resumed) run never takes units from an earlier one
-    units_dir.mkdir(parents=True)
-    atomic.write_text(plan_path, _canonical({**plan, "created_at": created_at}))
-    return created_at
+def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at: str | None
+                 ) -> tuple[UnitStore, str | None]:
+    """Create the units folder with its plan (one atomic step), or (resume, and the folder has a plan) check
+    that the folder continues this very plan; returns the store and the run's created_at (the first start's,
+    when resuming). Resuming where no plan was written yet (a kill before it) starts afresh."""
+    if resume and (units_dir / PLAN_FILE).is_file():
+        return UnitStore.resume(units_dir, plan)
+    return UnitStore.start(units_dir, plan, created_at), created_at
 
 
 _NOW = object()
@@ -537,11 +517,17 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
                     replay: ReplayEvidence | None = None, created_at: Any = _NOW,
                     progress: Callable[[int, int, str], None] | None = None,
                     timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
-                    device: torch.device | str | None = None) -> Report:
+                    device: torch.device | str | None = None, verify_units: bool = False,
+                    computed_elsewhere: int = 0) -> Report:
     """The whole procedure over `source` × `regimes`; returns the report.
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
-    the run a units folder holds (refused if its plan differs). created_at: the report's timestamp
+    the run a units folder holds (refused if its plan differs; a folder without a plan starts afresh).
+    Every unit read back is checked (`alibi.unit_store`: plan and tile digests, the ledger, the schema and
+    the invariants); verify_units: also recompute each and compare the two files bit for bit.
+    computed_elsewhere: how many of the stored units this run computed in other processes (the shards),
+    so not read from an earlier run. When units come from disk, the report's `source` says how many
+    (`units_from_disk`, of `units`, and `units_verified`). created_at: the report's timestamp
     (default: now, `created_now`; None for none). replay: the flip analysis check 7 is judged on (it
     must be of this pair). timer: collects per-stage wall time (`alibi bench conform`). device: where
     the exact reference, the models and the checks run (default `check_device()`); the bits do not
@@ -552,69 +538,79 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
         raise InputError("no tiles to check")
     if replay is not None:
         replay.require_pair(pair.a.name, pair.b.name)
+    check_formats(pair, source.tiles)
     created = created_now() if created_at is _NOW else created_at
-    units_path = None if units_dir is None else Path(units_dir)
-    if units_path is not None:
+    store = None
+    if units_dir is not None:
         params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
-        created = _start_units(units_path, run_plan(pair, source, regimes, params), resume, created)
+        store, created = _start_units(Path(units_dir), run_plan(pair, source, regimes, params), resume, created)
     device = check_device() if device is None else torch.device(device)
-    plan = [(unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
+    plan = [(i, unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
+    recorded = store.recorded() if store is not None else {}
+    digests: dict[int, str] = {}
     units: list[UnitResult] = []
     evidence: dict[str, dict[str, Any]] = {"a": pair.a.evidence(), "b": pair.b.evidence()}
     prepared: PreparedTile | None = None
-    for n, (uid, tile, regime) in enumerate(plan, start=1):
-        path = None if units_path is None else units_path / f"{uid}.json"
-        if path is not None and path.exists():
-            unit, evidence = _read_unit(path, tile.name, regime)
+    from_disk = 0
+    for n, (i, uid, tile, regime) in enumerate(plan, start=1):
+        if store is not None and i not in digests:
+            digests[i] = tile_sha256(tile)
+        stored = store is not None and store.has(uid)
+        if stored:
+            unit, evidence = store.read(uid, tile, regime, digests[i], recorded)
+            from_disk += 1
             note = "done earlier"
-        else:
+        if not stored or verify_units:
             if prepared is None or prepared.tile.name != tile.name:
                 prepared = prepare(tile, device, timer)
-            unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
-                                           invariance=invariance, timer=timer)
-            if path is not None:
-                _write_unit(path, unit, evidence)
-            note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
+            fresh, fresh_evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
+                                                  invariance=invariance, timer=timer)
+            if stored:
+                if store.unit_document(fresh, fresh_evidence, digests[i]) != store.path(uid).read_text("utf-8"):
+                    raise InputError(f"{one_line(str(store.path(uid)))}: --verify-units: the stored unit differs from "
+                                     "its recomputation here; delete it and resume (it is computed again)")
+                note = "done earlier, recomputed: identical"
+            else:
+                unit, evidence = fresh, fresh_evidence
+                if store is not None:
+                    store.write(uid, unit, evidence, digests[i])
+                note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
         units.append(unit)
         if progress:
             progress(n, len(plan), f"{tile.name} [{regime}] {note}")
-    return summarize(units, pair, source=source.record, seed=seed, regimes=regimes, environment=environment(),
+    record = source.record
+    earlier = from_disk - computed_elsewhere
+    if earlier > 0:
+        record = {**record, "units_from_disk": earlier, "units": len(plan), "units_verified": verify_units}
+    return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),
                      created_at=created, evidence=evidence, replay=replay)
-
-
-def _unit_text(doc: dict[str, Any]) -> str:
-    """A unit file's text. Key order is kept (not sorted): a report assembled from units read back must have
-    the bytes of one built from units just computed."""
-    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def _write_unit(path: Path, unit: UnitResult, evidence: dict[str, dict[str, Any]]) -> None:
-    atomic.write_text(path, _unit_text({"schema": UNIT_SCHEMA, "unit": unit.as_dict(), "evidence": evidence}))
 
 
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
-                  progress: Callable[[str], None] | None = None) -> int:
+                  progress: Callable[[str], None] | None = None, shard: int | None = None) -> int:
     """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
-    there atomically as it finishes; returns how many were computed. The work of one shard (a worker
-    process, a Ray task): a unit's bytes do not depend on which process computed it, so
-    `run_conformance(..., units_dir=units_dir, resume=True)` afterwards writes the report a single
-    process writes. The caller has started the folder (`start_units`); this never touches its plan.
+    there atomically as it finishes (its digest in this process's ledger first); returns how many were
+    computed. The work of one shard (a worker process, a Ray task): a unit's bytes do not depend on which
+    process computed it, so `run_conformance(..., units_dir=units_dir, resume=True)` afterwards checks every
+    unit and writes the report a single process writes. The caller has started the folder (`start_units`);
+    this never touches its plan. shard: the worker's index (its own ledger in the folder).
     """
     regimes = validate_regimes(regimes)
     device = check_device() if device is None else torch.device(device)
-    units_dir = Path(units_dir)
+    store = UnitStore(units_dir, shard=shard)
     computed = 0
     for i in tile_indices:
-        tile, prepared = source.tiles[i], None
+        tile, prepared, digest = source.tiles[i], None, None
         for regime in regimes:
-            path = units_dir / f"{unit_id(i, tile.name, regime)}.json"
-            if path.exists():
+            uid = unit_id(i, tile.name, regime)
+            if store.has(uid):
                 continue
             prepared = prepared or prepare(tile, device)
+            digest = digest or tile_sha256(tile)
             unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold, invariance=invariance)
-            _write_unit(path, unit, evidence)
+            store.write(uid, unit, evidence, digest)
             computed += 1
             if progress:
                 progress(f"{tile.name} [{regime}] {unit.n_differing} differing")
@@ -627,9 +623,10 @@ def start_units(units_dir: str | Path, pair: Pair, source: TileSource, regimes: 
                 created_at: Any = _NOW) -> str | None:
     """Create (or, resuming, check) a units folder with the plan `run_conformance` would write for the same
     arguments; returns the run's created_at. For callers that compute the units elsewhere first."""
+    check_formats(pair, source.tiles)
     params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
     created = created_now() if created_at is _NOW else created_at
-    return _start_units(Path(units_dir), run_plan(pair, source, validate_regimes(regimes), params), resume, created)
+    return _start_units(Path(units_dir), run_plan(pair, source, validate_regimes(regimes), params), resume, created)[1]
 
 
 def exit_code(report: Report, strict: bool = False) -> int:
@@ -639,6 +636,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == "inconclusive") else 0
 
 
-__all__ = ["REGIMES", "SCHEMA", "Pair", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
+__all__ = ["PLAN_FILE", "REGIMES", "SCHEMA", "UNIT_SCHEMA", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
            "evaluate_unit", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
            "summarize"]

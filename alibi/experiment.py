@@ -60,6 +60,7 @@ from alibi.governance.manifest import (
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
 from alibi.limits import check_seed
 from alibi.results import Report
+from alibi.unit_store import unit_files
 
 RUN_SCHEMA = "alibi.run/v1"
 RUN_RECORD = "run.json"
@@ -363,8 +364,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         record["working_tree"] = tree
     record_text = canonical_json(record)
     _start(out, exp, record, record_text, resume)
-    done = {p.stem for p in (out / UNITS_DIR).glob("*.json") if p.name != conform.PLAN_FILE} \
-        if (out / UNITS_DIR).is_dir() else set()
+    done = {p.stem for p in unit_files(out / UNITS_DIR)}
     resumed = sum(u in done for u in units_plan)
     # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
     # in the manifest, so every other byte of the folder is reproducible.
@@ -415,7 +415,8 @@ def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: s
             raise InputError(f"{out}: cannot resume: the run was started under different conditions ({why}); "
                              "start a fresh run in another folder")
         planned = {f"{u}.json" for u in record["units"]}
-        present = {p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith(".")} - {"plan.json"}
+        present = {p.name for p in (out / UNITS_DIR).glob("*") if not p.name.startswith(".")} - {"plan.json"} \
+            - {p.name for p in (out / UNITS_DIR).glob("ledger*.json")}
         strays = sorted(present - planned)
         if strays:
             raise InputError(f"{out / UNITS_DIR / strays[0]}: not a unit of this run; remove it and resume")
@@ -449,14 +450,11 @@ def require_committed_code(exp: Experiment, allow_dirty: bool) -> dict[str, Any]
 
 
 def check_formats(pair: Any, tiles: list) -> None:
-    """InputError before anything is written unless both kernels take every tile's operand format."""
-    for tile in tiles:
-        for arm, kernel in (("a", pair.a), ("b", pair.b)):
-            formats = tuple(getattr(kernel, "formats", ()) or ())
-            if tile.fmt not in formats:
-                raise InputError(f"tile {shown(tile.name)} holds {tile.fmt} operands but kernel {kernel.name!r} "
-                                 f"(arm {arm}) takes {', '.join(formats) or 'no declared format'}; choose kernels for "
-                                 f"{tile.fmt} tiles (see `alibi kernels`); nothing was run or written")
+    """InputError before anything is written unless both kernels take every tile's operand format
+    (`alibi.conform.check_formats`)."""
+    from alibi.conform import check_formats as check
+
+    check(pair, tiles)
 
 
 def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:

@@ -87,6 +87,17 @@ def explanation(report: Report) -> Explanation | None:
                        causes)
 
 
+def units_from_disk_line(report: Report) -> str | None:
+    """How many units a resumed run read from an earlier run's units folder (None when it computed all)."""
+    n = report.source.get("units_from_disk")
+    if not n:
+        return None
+    how = ("recomputed here and bit-identical (--verify-units)" if report.source.get("units_verified") else
+           "checked against the plan, the run's ledger, the unit schema and its invariants, not recomputed "
+           "(--verify-units recomputes them)")
+    return f"units from disk: {n:,} of {report.source.get('units', len(report.tiles)):,} read from an earlier run, {how}"
+
+
 def summary_lines(report: Report) -> list[str]:
     """The human-readable summary printed at the end of `alibi conform`."""
     a, b = report.kernel_a, report.kernel_b
@@ -94,6 +105,8 @@ def summary_lines(report: Report) -> list[str]:
              f"  why this pair: {report.selection}",
              f"  arm a runs as: {a.how}", f"  arm b runs as: {b.how}",
              f"  source: {report.source.get('label', report.source)}; regimes: {', '.join(report.regimes)}"]
+    if (line := units_from_disk_line(report)) is not None:
+        lines.append(f"  {line}")
     for c in report.checks:
         lines.append(f"  {STATUS_WORD[c.status]:>12}  {c.check:<22} {c.detail}")
     for totals in regime_totals(report):
@@ -198,6 +211,7 @@ def to_markdown(report: Report) -> str:
             f"- arm b: `{b.name}`, declared epilogue `{b.epilogue_model}`, runs as: {b.how}",
             f"- pair chosen: {report.selection}",
             f"- source: {report.source.get('label')}; {seed_text}; regimes {', '.join(report.regimes)}",
+            *([f"- {line}"] if (line := units_from_disk_line(report)) is not None else []),
             "", "## Checks", "", "| check | status | threshold | detail |", "|---|---|---|---|"]
     for c in report.checks:
         thr = "" if c.threshold is None else c.threshold

@@ -208,7 +208,7 @@ def run_shard(job: ShardJob) -> int:
     label = f"[worker {job.worker} {job.device}]"
     progress = None if job.quiet else (lambda line: print(f"{label} {line}", file=sys.stderr, flush=True))
     return compute_units(pair, source, job.regimes, job.units_dir, job.tile_indices, ulp_threshold=job.ulp_threshold,
-                         invariance=job.invariance, device=device, progress=progress)
+                         invariance=job.invariance, device=device, progress=progress, shard=job.worker)
 
 
 def shard_outcome(job: ShardJob) -> ShardOutcome:
@@ -281,14 +281,21 @@ def _run_processes(jobs: list[ShardJob]) -> list[ShardOutcome]:
             recv.close()
 
 
-def _run_ray(address: str, make_jobs: Callable[[int, str, int], list[ShardJob]], n_tiles: int,
-             quiet: bool) -> tuple[list[ShardOutcome], tuple[str, ...]]:
-    """The shards as Ray tasks: one per GPU of the cluster (`num_gpus=1`), or with no GPU one per CPU
-    (`num_cpus=1`). `address` "local" starts a Ray on this machine for the run and stops it after."""
+def require_ray():
+    """The ray module; InputError naming the extra to install where it is missing (checked before a run
+    creates anything)."""
     try:
         import ray
     except ImportError:
         raise InputError("--ray needs the ray package: pip install 'integer-alibi[ray]'") from None
+    return ray
+
+
+def _run_ray(address: str, make_jobs: Callable[[int, str, int], list[ShardJob]], n_tiles: int,
+             quiet: bool) -> tuple[list[ShardOutcome], tuple[str, ...]]:
+    """The shards as Ray tasks: one per GPU of the cluster (`num_gpus=1`), or with no GPU one per CPU
+    (`num_cpus=1`). `address` "local" starts a Ray on this machine for the run and stops it after."""
+    ray = require_ray()
     local = address == "local"
     try:
         ray.init(**({"include_dashboard": False} if local else {"address": address}),
@@ -349,6 +356,8 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     if not source.tiles:
         raise InputError("no tiles to check")
     pair = choose_pair(kernel_a, kernel_b)
+    if ray_address is not None:
+        require_ray()  # before the units folder is created
     start_units(units_dir, pair, source, regimes, resume=resume, seed=seed, ulp_threshold=ulp_threshold,
                 invariance=invariance, plan_parameters=plan_parameters)
     units_dir = Path(units_dir)
@@ -381,5 +390,5 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
                     wall_s=time.perf_counter() - start)
 
 
-__all__ = ["SHARD_RUN_SCHEMA", "ShardJob", "ShardOutcome", "ShardRun", "SourceSpec", "WorkerFailed", "parse_devices",
+__all__ = ["SHARD_RUN_SCHEMA", "ShardJob", "ShardOutcome", "ShardRun", "SourceSpec", "WorkerFailed", "parse_devices", "require_ray",
            "run_sharded", "run_shard", "shard_outcome", "shard_tiles"]

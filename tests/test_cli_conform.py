@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from faulty_kernels import Reference, divergent_tile
 from safetensors.torch import save_file
 
 from alibi.cli import main
+from alibi.errors import InputError
 from alibi.kernels import register
 from alibi.kernels.base import Kernel
 from alibi.tile import save_tile
@@ -307,3 +309,44 @@ def test_a_bad_replay_file_exits_2_naming_it_and_writes_no_report(tmp_path, caps
 def test_a_flip_threshold_without_replay_or_out_of_range_exits_2(tmp_path, capsys, args, message):
     assert main(["conform", *EMU, "--synthetic", "tiny", *args, "--out", str(tmp_path / "r"), "--quiet"]) == 2
     assert message in capsys.readouterr().err
+
+
+def _fp8_tiles(folder: Path) -> Path:
+    from alibi.tile import Tile, save_tile
+
+    folder.mkdir()
+    a = torch.ones((4, 16), dtype=torch.float32).to(torch.float8_e4m3fn)
+    save_tile(Tile("fp8", a, torch.ones(4), a[:2].clone(), torch.ones(2)), folder / "fp8.safetensors")
+    return folder
+
+
+def test_a_refused_fp8_run_with_int8_only_kernels_leaves_no_folder(tmp_path, capsys):
+    """Issue 26: the format refusal came after the units folder (and --out's parent) was created."""
+    out = tmp_path / "out" / "report"
+    assert main(["conform", *EMU, "--tiles", str(_fp8_tiles(tmp_path / "tiles")), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fp8" in err[0] and "emulator" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiles"]
+
+
+def test_a_refused_ray_run_without_ray_installed_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as where it is not installed
+    out = tmp_path / "out" / "report"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--ray", "local", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'integer-alibi[ray]'" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fresh_run_that_fails_before_its_first_unit_removes_its_units_folder(tmp_path, monkeypatch):
+    """Whatever stops a fresh run before it kept a unit (here a kernel failing at its first launch), it
+    leaves neither the units folder with its plan nor the folders made on the way to --out."""
+    import alibi.conform as conform
+
+    def broken(*a, **k):
+        raise InputError("the kernel failed")
+
+    monkeypatch.setattr(conform, "evaluate_unit", broken)
+    out = tmp_path / "a" / "b" / "report"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(out)]) == 2
+    assert list(tmp_path.iterdir()) == []

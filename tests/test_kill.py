@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hostile import REPO
+from resumed_report import without_units_record
 
 from alibi.cli import main
 from alibi.governance.manifest import read_manifest, strip_timestamp, verify_files
@@ -147,9 +148,11 @@ REPORT_FILES = {"report.json", "report.md", "junit.xml", "report.html", "manifes
 def test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_uninterrupted_run(tmp_path, monkeypatch):
     """Issue 12: `alibi conform` keeps each finished unit in `.<out>.units/` (with its `plan.json`) while it
     runs and stages the report folder, renaming it into place once. So every state a kill leaves is the
-    absent report or the complete one, and `--resume` from it (a plain run where no plan was written yet,
-    which `--resume` refuses) gives the very bytes of a straight run, leaving nothing hidden beside it.
-    SOURCE_DATE_EPOCH fixes `created_at`, the report's one wall-clock field."""
+    absent report or the complete one, and `--resume` from it gives the very bytes of a straight run apart
+    from the record of how many units came from disk (issue 26), leaving nothing hidden beside it. Issue 26:
+    the units folder appears with its plan in one step, and `--resume` where no plan was kept starts afresh
+    (it used to refuse); the units go after the report in one rename. SOURCE_DATE_EPOCH fixes `created_at`,
+    the report's one wall-clock field."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")  # inherited by the harness's children too
 
     def argv(out: Path) -> list[str]:
@@ -160,31 +163,32 @@ def test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_unin
     want = _tree(straight)
     assert set(want) == REPORT_FILES and verify_files(straight) == [] and stages_beside(straight) == []
     assert json.loads(want["report.json"])["created_at"] == "2026-01-01T00:00:00Z"
+    want_comparable, none_from_disk = without_units_record(want)
+    assert none_from_disk == 0
 
     states = kill_everywhere(tmp_path, argv(out), out, None,
                              preload=("alibi.conform", "alibi.report", "alibi.html"), keep_stages=True)
-    # plan.json and 4 units (2 tiles × 2 regimes) in .report.units, 5 files in the stage, its rename, done
-    assert len(states) >= 12
+    # the units folder with plan.json, 4 × (ledger, unit), 5 files in the stage, its rename, the units' discard
+    assert len(states) >= 16
     *killed, (_, done) = states
     assert _tree(done / "out") == want and json.loads((done / "stages.json").read_text()) == []
-    resumed_with_units = finished_stage = 0
+    resumed_with_units = finished_stage = without_plan = 0
     for k, snap in killed:
         left = _tree(snap / "out")
         assert left is None or left == want, f"the kill before commit {k} left a partial report folder"
         names = restore_killed_state(snap, out)
-        plan = out.parent / f".{out.name}.units" / "plan.json"
-        if plan.is_file():
-            units = [p for p in plan.parent.glob("*.json") if p != plan]
-            resumed_with_units += bool(units)
-            finished_stage += len(units) == 4 and any(n != f".{out.name}.units" for n in names)
-            assert main([*argv(out), "--resume"]) == 0, f"kill point {k}: --resume failed"
-        else:  # killed before the plan was written: nothing to resume, and --resume says so, changing nothing
-            before = (_tree(out), [p.name for p in stages_beside(out)])
-            assert main([*argv(out), "--resume"]) == 2
-            assert (_tree(out), [p.name for p in stages_beside(out)]) == before
-            assert main(argv(out)) == 0, f"kill point {k}: the fresh run failed"
-        assert _tree(out) == want, f"the conform killed before commit {k} resumed to different bytes"
+        units_dir = out.parent / f".{out.name}.units"
+        plan = units_dir / "plan.json"
+        units = [p for p in units_dir.glob("0*.json")] if plan.is_file() else []
+        without_plan += not plan.is_file()
+        resumed_with_units += bool(units)
+        finished_stage += len(units) == 4 and any(n != f".{out.name}.units" for n in names)
+        assert main([*argv(out), "--resume"]) == 0, f"kill point {k}: --resume failed"
+        got, from_disk = without_units_record(_tree(out))
+        assert got == want_comparable, f"the conform killed before commit {k} resumed to different bytes"
+        assert from_disk == len(units), f"kill point {k}: {from_disk} units said to come from disk, {len(units)} did"
         assert stages_beside(out) == [], f"kill point {k}: something hidden was left beside the report"
+    assert without_plan >= 1  # killed before the plan: --resume starts afresh
     assert resumed_with_units >= 4  # resumed mid-run, with 1 to 4 units done earlier
     assert finished_stage >= 1  # and killed at the final writes, with every unit done and the stage begun
 
@@ -301,10 +305,12 @@ def test_alibi_run_killed_at_any_write_resumes_to_the_bytes_of_an_uninterrupted_
     assert len(states) >= 10  # experiment.yaml, run.json, 4 units, the report stage, criteria-less manifest
 
     def comparable(folder: Path) -> dict[str, bytes]:
+        """The run folder without its manifest's timestamp and without the record of how many units the
+        resumed run read from disk (issue 26)."""
         files = _tree(folder)
         files["manifest.json"] = json.dumps(strip_timestamp(json.loads(files["manifest.json"])),
                                             sort_keys=True).encode()
-        return files
+        return without_units_record(files, "report/")[0]
 
     want = comparable(straight)
     for k, snap in states:

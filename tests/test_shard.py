@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hostile import main_one_line
+from resumed_report import without_units_record
 
 from alibi.cli import main
 from alibi.errors import InputError
@@ -160,7 +161,19 @@ def test_resume_on_two_workers_after_a_failed_three_worker_run_gives_the_single_
     assert main(["conform", *PLUGIN_PAIR, *SOURCE, "--out", str(out), "--resume", "--devices", "cpu:0,cpu:1"]) == 0
     computed = re.search(r"alibi conform: (\d+) units computed by 2 shard\(s\)", capsys.readouterr().err)
     assert computed and int(computed.group(1)) == 14 - len(done)  # the kept units were read, not recomputed
-    assert_same_report_folder(straight_out, out, {"engine": "torch.multiprocessing", "devices": ["cpu:0", "cpu:1"]})
+    # Issue 26: the report and manifest say how many units came from the failed run; apart from that, the
+    # folder is the single process's
+    files = {name: (out / name).read_bytes() for name in [*REPORT_FILES, "manifest.json"]}
+    manifest = json.loads(files["manifest.json"])
+    assert manifest["predicate"]["parameters"].pop("sharding") == {"engine": "torch.multiprocessing",
+                                                                   "devices": ["cpu:0", "cpu:1"]}
+    files["manifest.json"] = json.dumps(manifest).encode()
+    got, from_disk = without_units_record(files)
+    want, _ = without_units_record({name: (straight_out / name).read_bytes()
+                                    for name in [*REPORT_FILES, "manifest.json"]})
+    assert from_disk == len(done)
+    assert got == want
+    assert not (out.parent / f".{out.name}.units").exists()
 
 
 # --- the pieces ------------------------------------------------------------------------------------
@@ -184,10 +197,17 @@ def _job(tmp_path, **changes) -> ShardJob:
 
 
 def test_a_shard_computes_only_its_tiles_and_skips_units_already_there(tmp_path):
-    assert run_shard(_job(tmp_path, tile_indices=(1, 4))) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0001-real-layers.0.k_proj.json",
-                                                          "0004-real-layers.0.gate_proj.json"]
-    assert run_shard(_job(tmp_path, tile_indices=(1, 4))) == 0
+    from alibi.conform import choose_pair, source_from_preset, start_units
+
+    units = tmp_path / "units"
+    start_units(units, choose_pair("torch-cpu", "emulator:a_then_w"),
+                source_from_preset("smollm2-135m-bias", seed=0, rows=8), ["real"], invariance=False)
+    assert run_shard(_job(tmp_path, tile_indices=(1, 4), units_dir=str(units))) == 2
+    # beside its units, the shard's own ledger of their digests (issue 26)
+    assert sorted(p.name for p in units.iterdir()) == ["0001-real-layers.0.k_proj.json",
+                                                       "0004-real-layers.0.gate_proj.json", "ledger.shard-0.json",
+                                                       "plan.json"]
+    assert run_shard(_job(tmp_path, tile_indices=(1, 4), units_dir=str(units))) == 0
 
 
 def test_a_shard_refuses_tiles_whose_digest_is_not_the_plans(tmp_path):

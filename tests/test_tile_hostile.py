@@ -171,3 +171,35 @@ def test_truncated_or_corrupted_real_tiles_never_raise_anything_but_input_error(
     good = bytearray(tile_bytes(_good_tile(M=5, K=16, N=4)))
     good[flip % len(good)] = value
     _check_loader(tmp_path, bytes(good[: len(good) - cut]))
+
+
+def _with_dtype(tile: Tile, tensor: str, dtype: str) -> bytes:
+    """The tile's bytes with one tensor's header dtype replaced (same byte count: F8_E8M0 is one byte, as int8)."""
+    data = tile_bytes(tile)
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header[tensor] = {**header[tensor], "dtype": dtype}
+    return _raw(header, data[8 + n:])
+
+
+@pytest.mark.parametrize("dtype", ["F8_E8M0", "F4", "F8_E5M2", "U8"])
+def test_a_tile_whose_header_declares_an_operand_dtype_no_tile_has_is_one_line_naming_it(tmp_path, capsys, dtype):
+    """Issue 26: F8_E8M0 (a dtype safetensors.torch has no torch name for) ended in a KeyError traceback
+    from the library; the header's dtypes are now checked before the library reads the tensors."""
+    from alibi.cli import main
+
+    folder = tmp_path / "tiles"
+    folder.mkdir()
+    (folder / "x.safetensors").write_bytes(_with_dtype(_good_tile(), "a_q", dtype))
+    out = tmp_path / "out" / "report"
+    assert main(["conform", "--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w", "--quiet",
+                 "--tiles", str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(folder / "x.safetensors") in err[0] and dtype in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tile_with_the_dtypes_a_tile_has_is_read(tmp_path):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(_with_dtype(_good_tile(), "a_q", "I8"))
+    assert load_tile(path).fmt == "int8"

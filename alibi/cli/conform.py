@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from alibi import atomic
@@ -11,6 +13,7 @@ from alibi.errors import InputError, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.limits import check_seed
 from alibi.report import summary_lines, write_reports
+from alibi.unit_store import discard
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("alibi-report"), help="report folder (default ./alibi-report)")
     p.add_argument("--resume", action="store_true",
                    help="continue a killed run into the same --out from the units it finished (same kernels, "
-                        "tiles and flags; gives the bytes an uninterrupted run gives)")
+                        "tiles and flags; each stored unit is checked before use; where no plan was kept, the run "
+                        "starts afresh and says so)")
+    p.add_argument("--verify-units", action="store_true",
+                   help="with --resume: recompute every stored unit and refuse one that is not bit-identical")
     shard = p.add_mutually_exclusive_group()
     shard.add_argument("--devices", metavar="LIST",
                        help="shard the units over worker processes, one per device: cuda:0,cuda:1,... or all (every "
@@ -51,8 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _interrupted(args: argparse.Namespace) -> str:
     """What Ctrl-C leaves: no report, and the finished units (each written atomically) for --resume."""
+    from alibi.unit_store import unit_files
+
     units = units_dir(args.out)
-    done = len([p for p in units.glob("*.json") if p.name != "plan.json"]) if units.is_dir() else 0
+    done = len(unit_files(units))
     if not (units / "plan.json").is_file():
         return f"no report was written to {args.out}; run the command again"
     return (f"no report was written to {args.out}; {done} finished unit(s) kept in {units}; continue with the same "
@@ -66,17 +74,7 @@ def units_dir(out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `alibi --help` must not import torch.
-    import shutil
-
-    from alibi.conform import (
-        choose_pair,
-        exit_code,
-        progress_printer,
-        run_conformance,
-        source_from_dir,
-        source_from_preset,
-        validate_regimes,
-    )
+    from alibi.conform import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
     from alibi.html import write_conform_html
     from alibi.synthetic import DEFAULT_PRESET
     from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
@@ -88,10 +86,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
     if args.flip_threshold is not None and args.replay is None:
         raise InputError("--flip-threshold bounds the flip rate of a replay: give --replay FLIPS.json too")
+    if args.verify_units and not args.resume:
+        raise InputError("--verify-units recomputes the units a resumed run reads from disk: give --resume too")
     units = units_dir(args.out)
-    if args.resume and not (units / "plan.json").is_file():
-        raise InputError(f"{one_line(str(args.out))}: no unfinished run to resume (no {units.name}/plan.json beside "
-                         "it); run without --resume")
+    resume = args.resume
+    if resume and not (units / "plan.json").is_file():
+        # A kill before the plan was written (or after the report replaced the units) leaves nothing to continue.
+        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json): "
+              "starting afresh", file=sys.stderr)
+        resume = False
     replay = None if args.replay is None else load_replay(
         args.replay, DEFAULT_FLIP_THRESHOLD if args.flip_threshold is None else args.flip_threshold)
     if args.tiles is not None:
@@ -101,18 +104,70 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = source_from_preset(args.synthetic or DEFAULT_PRESET, seed=args.seed, rows=args.rows)
     pair = choose_pair(args.kernel_a, args.kernel_b)
+    check_formats(pair, source.tiles)  # before any folder is created
+    if args.ray is not None:
+        from alibi.shard import require_ray
+
+        require_ray()
     if not args.quiet:
         print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source.record['label']}, {len(source.tiles)} "
-              f"tiles × {len(regimes)} regimes" + (" (resuming)" if args.resume else ""), file=sys.stderr)
+              f"tiles × {len(regimes)} regimes" + (" (resuming)" if resume else ""), file=sys.stderr)
     parameters = {"regimes": regimes, "ulp_threshold": args.ulp_threshold, "invariance": not args.no_invariance,
                   **({"flip_threshold": replay.bound} if replay is not None else {})}
     plan_parameters = {"replay": None if replay is None else replay.resource()}
-    resume = args.resume
+    with _no_debris(units, args.out, fresh=not resume):
+        report, parameters = _units_and_report(args, pair, source, regimes, units, resume, replay, parameters,
+                                               plan_parameters)
+    # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
+    # report (or none), never some of the new files; the finished units go only after that, in one rename
+    # (alibi.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run removes.
+    with atomic.staged_dir(args.out) as stage:
+        written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
+        inputs = {"tiles": {**source.resource, "name": "tiles"}}
+        if replay is not None:
+            inputs["replay"] = replay.resource()
+        predicate = build_predicate(inputs=inputs, seed=report.seed,
+                                    arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
+                                    parameters={"source": report.source, **parameters},
+                                    created_at=report.created_at)
+        write_manifest(stage, "report", predicate, files=[p.name for p in written])
+    discard(units, args.out)
+    print("\n".join(summary_lines(report)))
+    if replay is not None:
+        print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
+    print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
+    return exit_code(report, strict=args.strict)
+
+
+@contextmanager
+def _no_debris(units: Path, out: Path, fresh: bool):
+    """A fresh run that fails before it kept any unit leaves nothing: not the units folder with its plan,
+    nor the folders created on the way to --out."""
+    from alibi.unit_store import unit_files
+
+    made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        if fresh and units.is_dir() and not unit_files(units):
+            shutil.rmtree(units, ignore_errors=True)
+            for folder in made:  # innermost first; rmdir refuses a folder something else was put in
+                with suppress(OSError):
+                    folder.rmdir()
+        raise
+
+
+def _units_and_report(args, pair, source, regimes, units, resume, replay, parameters, plan_parameters):
+    """Every unit (sharded first when asked, then read back) and the report folded from them."""
+    from alibi.conform import progress_printer, run_conformance
+
+    computed_elsewhere = 0
     if args.devices is not None or args.ray is not None:
         # The shards compute every unit into the units folder; run_conformance below then only reads them
         # (resume=True), so the report is the one this command writes without sharding. The devices go into
         # the manifest's parameters only: report.json and the plan do not depend on them.
         from alibi.shard import SourceSpec, parse_devices, run_sharded
+        from alibi.synthetic import DEFAULT_PRESET
 
         if replay is not None:
             replay.require_pair(pair.a.name, pair.b.name)  # refused before the shards work, not after
@@ -121,9 +176,10 @@ def run(args: argparse.Namespace) -> int:
         sharded = run_sharded(args.kernel_a, args.kernel_b, spec, regimes, units,
                               None if args.devices is None else parse_devices(args.devices), ray_address=args.ray,
                               ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
-                              resume=args.resume, seed=args.seed if args.tiles is None else None,
+                              resume=resume, seed=args.seed if args.tiles is None else None,
                               plan_parameters=plan_parameters, source=source, quiet=args.quiet)
         parameters["sharding"] = sharded.manifest_record()
+        computed_elsewhere = sum(sharded.computed)
         resume = True
         if not args.quiet:
             print(f"alibi conform: {sum(sharded.computed)} units computed by {len(sharded.devices)} shard(s) "
@@ -132,25 +188,9 @@ def run(args: argparse.Namespace) -> int:
                              seed=args.seed if args.tiles is None else None, ulp_threshold=args.ulp_threshold,
                              invariance=not args.no_invariance, replay=replay,
                              progress=None if args.quiet else progress_printer(),
-                             plan_parameters=plan_parameters)
-    # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
-    # report (or none), never some of the new files; the finished units go only after that.
-    with atomic.staged_dir(args.out) as stage:
-        written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
-        inputs = {"tiles": {**source.resource, "name": "tiles"}}
-        if replay is not None:
-            inputs["replay"] = replay.resource()
-        predicate = build_predicate(inputs=inputs, seed=report.seed,
-                                    arms={"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")},
-                                    parameters={"source": source.record, **parameters},
-                                    created_at=report.created_at)
-        write_manifest(stage, "report", predicate, files=[p.name for p in written])
-    shutil.rmtree(units, ignore_errors=True)
-    print("\n".join(summary_lines(report)))
-    if replay is not None:
-        print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
-    print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
-    return exit_code(report, strict=args.strict)
+                             plan_parameters=plan_parameters, verify_units=args.verify_units,
+                             computed_elsewhere=computed_elsewhere)
+    return report, parameters
 
 
 # What a conform report folder holds; an existing --out holding anything else is not replaced.

@@ -8,6 +8,7 @@ from pathlib import Path
 from alibi.experiment import UNITS_DIR, load_experiment, run_experiment, stderr_progress
 from alibi.experiment import __doc__ as FORMAT
 from alibi.report import summary_lines
+from alibi.unit_store import unit_files
 
 _EPILOG = FORMAT.split("An experiment file", 1)[1].split("The runner works", 1)[0]
 
@@ -29,13 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run, interrupted=_interrupted)
 
 
-PLAN_FILE = "plan.json"  # alibi.conform.PLAN_FILE, without importing torch at start-up
-
-
 def _interrupted(args: argparse.Namespace) -> str:
     """What Ctrl-C leaves: the finished units (each written atomically), and the command that continues."""
     out = args.out if args.out is not None else Path(load_experiment(args.experiment).out)
-    done = len([p for p in (out / UNITS_DIR).glob("*.json") if p.name != PLAN_FILE])  # plan.json is no unit
+    done = len(unit_files(out / UNITS_DIR))  # not plan.json, not the ledgers
     again = f"alibi run {args.experiment}" + (f" --out {args.out}" if args.out is not None else "") + " --resume"
     return f"{done} finished unit(s) kept in {out / UNITS_DIR}; continue with: {again}"
 

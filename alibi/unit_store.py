@@ -1,0 +1,272 @@
+"""The units folder of a resumable conformance run: its plan, its ledger, and one file per finished unit.
+
+A killed `alibi conform` / `alibi run` continues from the units it finished (`--resume`). A resumed run
+trusts nothing it did not compute itself in this process, so every stored unit is re-derived before it
+enters the report:
+
+- the folder is created with its `plan.json` in one atomic step (`atomic.staged_dir`): a kill leaves no
+  folder, or one with its plan;
+- each unit file carries the digest of the plan it was computed under and the sha256 of its tile's bytes;
+  a unit from another run (another plan) or from other tile bytes is refused;
+- before a unit file is written, its sha256 is recorded in the writer's ledger (`ledger.json`, or
+  `ledger.shard-<i>.json` for shard worker i: one file per writer, rewritten atomically, so shard workers
+  never race; sorted, so a resumed run's ledger has the bytes of an uninterrupted run's);
+  a unit whose digest no ledger of this plan records — planted, edited, copied — is refused. The
+  order (ledger first, then the unit) keeps every kill recoverable: a recorded digest without a file
+  only means the unit is computed again;
+- each unit is checked against its schema (the exact fields of `UnitResult`, integer counts) and against
+  invariants that hold for every computed unit: its tile, regime, format and shape are the current
+  tile's; `n_elements = M·N`; `0 ≤ n_differing ≤ n_elements`; `bitwise_equal` iff no element differs;
+  the recorded differences hold exactly `min(n_differing, cap)` elements inside the output; every
+  other count lies within the element count; a unit judged `explained` differs exactly where predicted;
+  every check has a verdict;
+- `verify=True` (`--verify-units`) recomputes each stored unit and compares the two files bit for bit.
+
+A refusal is one line naming the unit file and the fix (delete it and resume: it is computed again).
+The ledger is no signature: whoever can write the folder can forge both a unit and its digest. What it
+rules out is a unit nobody recorded (planted or edited by hand, copied from another run); the
+invariants rule out impossible units even then; `--verify-units` rules out everything, at the cost of
+computing the run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from alibi import atomic
+from alibi.errors import InputError, one_line
+
+UNIT_SCHEMA = "alibi.conform-unit/v2"
+LEDGER_SCHEMA = "alibi.conform-ledger/v1"
+PLAN_FILE = "plan.json"
+_LEDGER = re.compile(r"^ledger(\.shard-\d+)?\.json$")
+
+
+def unit_text(doc: dict[str, Any]) -> str:
+    """A unit file's text. Key order is kept (not sorted): a report assembled from units read back must
+    have the bytes of one built from units just computed."""
+    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _sha256(data: bytes) -> str:
+    from alibi.digests import sha256_bytes
+
+    return sha256_bytes(data)
+
+
+def tile_sha256(tile) -> str:
+    """The sha256 of a tile's canonical safetensors bytes (`alibi.tile.tile_bytes`)."""
+    from alibi.tile import tile_bytes
+
+    return _sha256(tile_bytes(tile))
+
+
+class UnitStore:
+    """One run's units folder: `plan.json`, the ledgers, and `<unit id>.json` per finished unit.
+
+    plan_sha256: the sha256 of the folder's `plan.json` bytes, the identity every unit file carries.
+    shard: the shard worker this store writes for (its own ledger), None for the run's main process."""
+
+    def __init__(self, folder: str | os.PathLike, shard: int | None = None) -> None:
+        self.folder = Path(folder)
+        plan = self.folder / PLAN_FILE
+        try:
+            self.plan_bytes = plan.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{one_line(str(plan))}: cannot read the run's plan ({exc.strerror or exc}); run "
+                             "without --resume to start afresh") from None
+        self.plan_sha256 = _sha256(self.plan_bytes)
+        self._ledger_path = self.folder / ("ledger.json" if shard is None else f"ledger.shard-{int(shard)}.json")
+        # What this writer recorded before a kill stays recorded (a resumed run extends its ledger).
+        self._mine: dict[str, set[str]] = self._read_ledger(self._ledger_path) if self._ledger_path.is_file() else {}
+
+    # --- starting ---------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, folder: str | os.PathLike, plan: dict[str, Any], created_at: str | None) -> UnitStore:
+        """A fresh units folder holding `plan` (with `created_at`), created in one atomic step; an earlier
+        folder at that place is replaced (a fresh run never takes units from an earlier one)."""
+        from alibi.governance.manifest import canonical_json
+
+        folder = Path(folder)
+        with atomic.staged_dir(folder) as stage:
+            atomic.write_text(stage / PLAN_FILE, canonical_json({**plan, "created_at": created_at}))
+        return cls(folder)
+
+    @classmethod
+    def resume(cls, folder: str | os.PathLike, plan: dict[str, Any]) -> tuple[UnitStore, str | None]:
+        """The existing folder, if its plan is `plan` (apart from `created_at`); with the first start's
+        created_at. InputError naming what differs otherwise."""
+        from alibi import jsonio
+
+        folder = Path(folder)
+        old = jsonio.read(folder / PLAN_FILE)
+        if not isinstance(old, dict) or {k: v for k, v in old.items() if k != "created_at"} != plan:
+            raise InputError(f"{one_line(str(folder))}: cannot resume: that run was started with other kernels, "
+                             "tiles, regimes, parameters, toolkit or machine; run without --resume to start afresh")
+        return cls(folder), old.get("created_at")
+
+    # --- units ------------------------------------------------------------------------------------
+
+    def path(self, uid: str) -> Path:
+        return self.folder / f"{uid}.json"
+
+    def has(self, uid: str) -> bool:
+        return self.path(uid).is_file()
+
+    def unit_document(self, unit, evidence: dict[str, Any], tile_digest: str) -> str:
+        """The text of a unit file: schema, the plan and tile digests, the unit and each arm's evidence."""
+        return unit_text({"schema": UNIT_SCHEMA, "plan": self.plan_sha256, "tile_sha256": tile_digest,
+                          "unit": unit.as_dict(), "evidence": evidence})
+
+    def write(self, uid: str, unit, evidence: dict[str, Any], tile_digest: str) -> None:
+        """Record the unit's digest in this process's ledger, then write the unit file (both atomically)."""
+        text = self.unit_document(unit, evidence, tile_digest)
+        self._mine.setdefault(uid, set()).add(_sha256(text.encode("utf-8")))
+        ledger = {"schema": LEDGER_SCHEMA, "plan": self.plan_sha256,
+                  "units": {u: sorted(d) for u, d in sorted(self._mine.items())}}
+        atomic.write_text(self._ledger_path, json.dumps(ledger, indent=1) + "\n")
+        atomic.write_text(self.path(uid), text)
+
+    def _read_ledger(self, path: Path) -> dict[str, set[str]]:
+        """{unit id: digests} a ledger of this plan records (a ledger of another plan, or a damaged one,
+        records nothing)."""
+        from alibi import jsonio
+
+        try:
+            doc = jsonio.read(path)
+        except InputError:
+            return {}
+        if not isinstance(doc, dict) or doc.get("schema") != LEDGER_SCHEMA or doc.get("plan") != self.plan_sha256 \
+                or not isinstance(doc.get("units"), dict):
+            return {}
+        return {uid: {d for d in digests if isinstance(d, str)} for uid, digests in doc["units"].items()
+                if isinstance(digests, list)}
+
+    def recorded(self) -> dict[str, set[str]]:
+        """{unit id: digests} over every ledger of this plan in the folder."""
+        found: dict[str, set[str]] = {}
+        for entry in sorted(self.folder.iterdir()):
+            if _LEDGER.match(entry.name) and entry.is_file():
+                for uid, digests in self._read_ledger(entry).items():
+                    found.setdefault(uid, set()).update(digests)
+        for uid, digests in self._mine.items():
+            found.setdefault(uid, set()).update(digests)
+        return found
+
+    def read(self, uid: str, tile, regime: str, tile_digest: str, recorded: dict[str, set[str]]):
+        """The unit `uid` (tile `tile` under `regime`) and its evidence, after every check of the module
+        docstring; InputError naming the file otherwise."""
+        from alibi import jsonio
+        from alibi.results import UnitResult
+
+        path = self.path(uid)
+        label = one_line(str(path))
+        fix = "delete it and resume (it is computed again)"
+        try:
+            data = path.read_bytes()
+            doc = jsonio.read(path)
+        except (InputError, OSError):
+            raise InputError(f"{label}: damaged unit result; {fix}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != UNIT_SCHEMA \
+                or set(doc) != {"schema", "plan", "tile_sha256", "unit", "evidence"}:
+            raise InputError(f"{label}: not a {UNIT_SCHEMA} unit file; {fix}")
+        if doc["plan"] != self.plan_sha256:
+            raise InputError(f"{label}: computed under another plan (plan digest {one_line(str(doc['plan']))[:16]}…, "
+                             f"this run's {self.plan_sha256[:16]}…): a unit of another run; {fix}")
+        if doc["tile_sha256"] != tile_digest:
+            raise InputError(f"{label}: computed on other bytes of tile {one_line(tile.name)!r} than this run's; {fix}")
+        if _sha256(data) not in recorded.get(uid, ()):
+            raise InputError(f"{label}: its digest is not in the run's ledger: the file was not written by this run "
+                             f"(planted, edited or copied); {fix}")
+        try:
+            unit = UnitResult.from_dict(doc["unit"])
+            same = unit.as_dict() == doc["unit"] and unit_text(doc) == data.decode("utf-8")
+        except (KeyError, TypeError, ValueError, AttributeError, UnicodeError):
+            same = False
+        if not same:
+            raise InputError(f"{label}: does not follow the unit schema (fields of alibi.results.UnitResult); {fix}")
+        why = unit_impossible(unit, tile, regime)
+        if why is None and not (isinstance(doc["evidence"], dict) and set(doc["evidence"]) == {"a", "b"}):
+            why = "its evidence is not one record per arm (a, b)"
+        if why is not None:
+            raise InputError(f"{label}: impossible unit: {why}; {fix}")
+        return unit, doc["evidence"]
+
+
+_INT_FIELDS = ("M", "K", "N", "n_elements", "n_differing", "pow2_scales_changed", "subnormal_scales")
+_OPTIONAL_INT_FIELDS = ("max_ulp", "max_abs_acc", "n_predicted", "n_near_zero", "n_differing_near_zero",
+                        "max_ulp_above_floor")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def unit_impossible(unit, tile, regime: str) -> str | None:
+    """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds)."""
+    from alibi.numerics import dtype_name
+    from alibi.verdict import CHECKS
+
+    for name in _INT_FIELDS:
+        if not _is_int(getattr(unit, name)):
+            return f"{name} is {getattr(unit, name)!r}, not an integer"
+    for name in _OPTIONAL_INT_FIELDS:
+        value = getattr(unit, name)
+        if value is not None and (not _is_int(value) or value < 0):
+            return f"{name} is {value!r}, not a count"
+    want = {"tile": tile.name, "regime": regime, "fmt": tile.fmt, "M": tile.M, "K": tile.K, "N": tile.N,
+            "out_dtype": dtype_name(tile.out_dtype), "bias": tile.bias is not None}
+    for name, value in want.items():
+        if getattr(unit, name) != value:
+            return f"{name} is {getattr(unit, name)!r}, this run's tile has {value!r}"
+    n, d = unit.n_elements, unit.n_differing
+    if n != unit.M * unit.N:
+        return f"n_elements {n:,} is not M·N = {unit.M * unit.N:,}"
+    if not 0 <= d <= n:
+        return f"{d:,} of {n:,} elements differ"
+    if unit.bitwise_equal != (d == 0):
+        return f"bitwise_equal is {unit.bitwise_equal} with {d:,} differing elements"
+    diffs = unit.differences
+    if diffs.count != d or len(diffs.elements) != min(d, diffs.cap):
+        return (f"the differences record {diffs.count:,} elements ({len(diffs.elements)} listed, cap {diffs.cap}) "
+                f"for {d:,} differing")
+    if any(not (0 <= e.row < unit.M and 0 <= e.column < unit.N) or e.a_bits == e.b_bits for e in diffs.elements):
+        return "a listed difference lies outside the output or has equal bits"
+    for name in ("n_predicted", "n_near_zero"):
+        if getattr(unit, name) is not None and getattr(unit, name) > n:
+            return f"{name} {getattr(unit, name):,} exceeds the {n:,} elements"
+    if unit.n_differing_near_zero is not None and unit.n_differing_near_zero > min(d, unit.n_near_zero or 0):
+        return f"n_differing_near_zero {unit.n_differing_near_zero:,} exceeds the near-zero or differing count"
+    if unit.explained and unit.n_predicted != d:
+        return f"explained, yet {unit.n_predicted} predicted and {d:,} differing"
+    if d == 0 and unit.max_ulp not in (None, 0):
+        return f"max_ulp {unit.max_ulp} with no differing element"
+    if not 0 <= unit.pow2_scales_changed <= (unit.N if regime == "pow2" else 0):
+        return f"pow2_scales_changed {unit.pow2_scales_changed} under the {regime} regime with N = {unit.N}"
+    if sorted(v.check for v in unit.verdicts) != sorted(CHECKS):
+        return "its verdicts are not one per check"
+    return None
+
+
+def unit_files(folder: str | os.PathLike) -> list[Path]:
+    """The unit files in a units folder (not the plan, not the ledgers)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if p.name != PLAN_FILE and not _LEDGER.match(p.name))
+
+
+def discard(folder: str | os.PathLike, beside: str | os.PathLike) -> None:
+    """Remove a finished run's units folder so that a kill at any instant leaves it whole (resumable, and
+    removed by a fresh run) or gone: one atomic rename to a staging name of `beside` (the report), which
+    the next write of `beside` removes if a kill stops the deletion, then the deletion."""
+    atomic.discard_dir(folder, beside)
+
+
+__all__ = ["LEDGER_SCHEMA", "PLAN_FILE", "UNIT_SCHEMA", "UnitStore", "discard", "tile_sha256", "unit_files",
+           "unit_impossible", "unit_text"]
