@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tf.add_argument("--arm", help="this arm's label in the manifest (default: the kernel's name)")
     tf.add_argument("--kernel-a", help="both arms: kernel of arm a (with --kernel-b)")
     tf.add_argument("--kernel-b", help="both arms: kernel of arm b (with --kernel-a)")
+    tf.add_argument("--engine", choices=("own", "vllm"), default="own",
+                    help="own: the toolkit's runner (default); vllm: a real vLLM engine, scored from its prompt_logprobs, "
+                         "where --kernel vllm is vLLM's own linear kernel and any alibi kernel name is swapped in for "
+                         "it by alibi's plugin (docs/vllm-engine.md)")
     tf.set_defaults(func=teacher_forced)
 
     gr = rs.add_parser("greedy", help="greedy continuations per arm, each arm twice in fresh processes")
@@ -71,6 +75,9 @@ def teacher_forced(args: argparse.Namespace) -> int:
             raise InputError("--kernel/--arm run one arm; --kernel-a/--kernel-b run both: give one form, not both")
         if args.kernel_a is None or args.kernel_b is None:
             raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
+    if args.engine == "vllm":
+        return _teacher_forced_vllm(args, pair)
+    if pair:
         from alibi.replay.teacher_forced import run_pair
 
         code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
@@ -87,6 +94,29 @@ def teacher_forced(args: argparse.Namespace) -> int:
                              progress=progress("teacher-forced", quiet=args.quiet, unit="window"))
     print(f"teacher-forced: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} after "
           f"{arm.context} tokens) with {arm.kernel or 'the dense model'} → {args.out}")
+    return 0
+
+
+def _teacher_forced_vllm(args: argparse.Namespace, pair: bool) -> int:
+    from alibi.engine import vllm_runs
+    from alibi.errors import InputError
+
+    if args.device not in (None, "cpu") or args.nondeterministic:
+        raise InputError("--device and --nondeterministic configure the own runner; --engine vllm runs vLLM as it is")
+    if pair:
+        vllm_runs.pair_with_vllm(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
+                                 windows=args.windows, context=args.context, positions=args.positions,
+                                 overwrite=args.overwrite, quiet=args.quiet)
+        print(f"teacher-forced inside vLLM: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b), flips in "
+              f"{args.out / 'flips'}")
+        return 0
+    if args.kernel is None:
+        raise InputError("--engine vllm: name the arm's kernel: --kernel vllm (vLLM's own) or an alibi kernel to swap in")
+    arm = vllm_runs.teacher_forced_with_vllm(args.model, args.prompts, args.out, kernel=args.kernel,
+                                             windows=args.windows, context=args.context, positions=args.positions,
+                                             arm=args.arm, overwrite=args.overwrite)
+    print(f"teacher-forced inside vLLM: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} "
+          f"after {arm.context} tokens) with {arm.kernel or 'vLLM'} → {args.out}")
     return 0
 
 

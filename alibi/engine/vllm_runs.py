@@ -315,3 +315,31 @@ def greedy_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLik
                      max_tokens=tokens, max_model_len=max(1024, context + tokens + 1))
     return {"kernel": swap or NATIVE, "windows": list(chosen), "continuations": run.result["results"],
             "engine": engine_parameters(run), "log": run.log}
+
+
+def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+                   kernel_a: str, kernel_b: str, windows: int | None = None, context: int | None = None,
+                   positions: int | None = None, overwrite: bool = False, quiet: bool = False) -> int:
+    """Both arms inside vLLM, each its own fresh engine process (`OUT/arm-a`, `OUT/arm-b`), then the flip
+    analysis into `OUT/flips`, laid out as the own runner's pair (`alibi.replay.teacher_forced.run_pair`)."""
+    from alibi import atomic
+    from alibi.governance.manifest import write_manifest
+    from alibi.replay.setup import check_output, combined_predicate, load_prompts, note_lines, resolve_span
+    from alibi.replay.teacher_forced import PAIR_LAYOUT, analyze_flips_in
+
+    prompts = load_prompts(prompts_dir)
+    span = resolve_span(prompts, windows, context, positions, prompts_dir)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    for kernel in (kernel_a, kernel_b):
+        _swap_kernel(kernel)
+    with atomic.staged_dir(out) as stage:
+        for label, kernel in (("a", kernel_a), ("b", kernel_b)):
+            teacher_forced_with_vllm(model_dir, prompts_dir, stage / f"arm-{label}", kernel=kernel, windows=windows,
+                                     context=context, positions=positions, arm=label)
+        code = analyze_flips_in(stage, note_lines(quiet))
+        if code:
+            raise RuntimeError(f"the flip analysis exited with code {code}")
+        write_manifest(stage, "replay", combined_predicate(
+            {"a": stage / "arm-a", "b": stage / "arm-b"},
+            {"replay": "teacher-forced-pair", "engine": "vllm", **span.as_dict(), "layout": PAIR_LAYOUT}))
+    return 0
