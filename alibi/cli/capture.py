@@ -74,6 +74,8 @@ def overhead(args: argparse.Namespace) -> int:
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model
 
+    if args.repeats < 1:  # before anything is loaded or printed
+        raise InputError(f"--repeats must be a positive integer (timed runs of each variant), got {args.repeats}")
     require_quantized(args.model)
     prompts = load_prompt_set(args.prompts)
     tokens = prompts.tokens if args.tokens is None else args.tokens

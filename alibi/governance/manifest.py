@@ -67,13 +67,16 @@ def digest_set(hex_digest: str) -> dict[str, str]:
     return {"sha256": hex_digest}
 
 
-def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_NAME,)) -> list[str]:
+def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_NAME,),
+                 undecodable: list[str] | None = None) -> list[str]:
     """Paths (relative, POSIX, sorted) of the files a folder manifest covers.
 
     Every regular file below `folder` except the relative paths in `exclude` (default: the
     manifest itself) and anything whose name starts with a dot (atomic-write staging files,
-    `.gitkeep`, editor droppings). Symbolic links are refused: the bytes they point to are not
-    part of the folder.
+    `.gitkeep`, editor droppings). Symbolic links are refused, to files and to folders alike: the
+    bytes they point to are not part of the folder (a linked folder is neither followed nor
+    skipped). A name that is not valid UTF-8 is refused (InputError), or, when `undecodable` is
+    a list, appended to it (as a path string, its raw bytes escaped) and left out.
     """
     exclude = set(exclude)
     root = Path(folder)
@@ -82,6 +85,10 @@ def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_N
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():
+                raise InputError(f"{one_line(str(Path(dirpath) / name))}: is a symbolic link to a folder; its files "
+                                 f"are not part of {one_line(str(root))}: copy them in instead")
         for name in filenames:
             if name.startswith("."):
                 continue
@@ -90,6 +97,9 @@ def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_N
             if rel in exclude:
                 continue
             if not _utf8(rel):  # a manifest is UTF-8 JSON: it cannot name this file faithfully
+                if undecodable is not None:
+                    undecodable.append(one_line(str(path)))
+                    continue
                 raise InputError(f"{one_line(str(path))}: its name is not valid UTF-8, so no manifest can record it; "
                                  "rename the file (the \\xNN shown are its raw bytes)")
             if path.is_symlink():

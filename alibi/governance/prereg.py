@@ -104,10 +104,11 @@ def _content_hash(obj: Mapping[str, Any], self_field: str) -> str:
     return _sha(_entry_line({k: v for k, v in obj.items() if k != self_field}).encode("ascii"))
 
 
-def protocol_files(folder: str | os.PathLike) -> dict[str, str]:
-    """`{relative path: sha256}` of every pinned file of the folder (all but dotfiles and its records)."""
+def protocol_files(folder: str | os.PathLike, undecodable: list[str] | None = None) -> dict[str, str]:
+    """`{relative path: sha256}` of every pinned file of the folder (all but dotfiles and its records).
+    A file whose name is not valid UTF-8 cannot be pinned: refused, or listed in `undecodable`."""
     root = Path(folder)
-    return {rel: sha256_file(root / rel) for rel in folder_files(root, exclude=RECORDS)}
+    return {rel: sha256_file(root / rel) for rel in folder_files(root, exclude=RECORDS, undecodable=undecodable)}
 
 
 @dataclass(frozen=True)
@@ -310,13 +311,17 @@ def state(folder: str | os.PathLike) -> ProtocolState:
     """Read and check a protocol folder's records against its files (never raises for tampering)."""
     root = Path(folder)
     _require_folder(root)
-    on_disk = protocol_files(root)
     if not (root / LOCK_NAME).is_file():
+        on_disk = protocol_files(root)  # nothing is locked yet: a name no record can hold is bad input (exit 2)
         problems = [f"{root}: not locked; run `alibi prereg lock {root}` before measuring"]
         if (root / LOG_NAME).exists():
             problems.append(f"{root / LOG_NAME}: an amendment log exists but the lock file is missing (deleted?)")
         return ProtocolState(root, False, None, None, 0, {}, tuple(problems), _pending({}, on_disk))
-    problems: list[str] = []
+    undecodable: list[str] = []
+    on_disk = protocol_files(root, undecodable)
+    # A file added to a locked folder under a name no record can hold: a verification failure, not bad input.
+    problems: list[str] = [f"{path}: added under a name that is not valid UTF-8, which no lock or amendment can "
+                           "pin; rename or remove it" for path in undecodable]
     read = _read_lock(root, problems)
     if read is None:
         return ProtocolState(root, True, None, None, 0, {}, tuple(problems), ())

@@ -72,3 +72,25 @@ def test_writing_a_manifest_over_a_file_name_that_is_not_utf8_is_one_line(tmp_pa
     main_one_line(capsys, ["manifest", "write", str(folder), "--kind", "report"],
                   "caf\\xe9.txt: its name is not valid UTF-8")
     assert not (folder / "manifest.json").exists()
+
+
+def test_writing_a_manifest_over_a_symlinked_folder_is_refused_naming_it(tmp_path, capsys):
+    """Issue 26: os.walk does not descend into a linked folder, so its files were neither pinned nor refused
+    (a linked file was refused). Linked folders are refused too: their files are not part of the folder."""
+    folder, outside = tmp_path / "art", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "elsewhere.txt").write_text("not in the folder")
+    (folder / "ok.txt").write_text("x")
+    (folder / "sub").symlink_to("../outside")
+    main_one_line(capsys, ["manifest", "write", str(folder), "--kind", "report"],
+                  "art/sub: is a symbolic link to a folder")
+    assert not (folder / "manifest.json").exists()
+
+
+def test_a_real_subfolder_is_pinned_file_by_file(tmp_path, capsys):
+    folder = tmp_path / "art"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "inner.txt").write_text("x")
+    assert main(["manifest", "write", str(folder), "--kind", "report"]) == 0
+    assert [s["name"] for s in json.loads((folder / "manifest.json").read_text())["subject"]] == ["sub/inner.txt"]

@@ -168,3 +168,32 @@ def test_every_locked_protocol_in_the_repository_verifies():
     locked = [p for p in sorted(root.glob("*/")) if (p / prereg.LOCK_NAME).exists()] if root.is_dir() else []
     for folder in locked:
         assert prereg.verify(folder) == [], f"{folder} was changed without an amendment"
+
+
+def test_a_locked_folder_holding_a_file_whose_name_is_not_utf8_fails_verification_with_exit_1(locked, capsys):
+    """Issue 26: `prereg verify` exited 2 (bad input) on such a file; a file added to a locked folder is a
+    verification failure (exit 1, a FAIL line naming it), whatever its name."""
+    import os
+
+    from alibi.cli import main
+
+    with open(os.path.join(os.fsencode(locked), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"added after the lock")
+    capsys.readouterr()
+    assert main(["prereg", "verify", str(locked)]) == 1
+    out = capsys.readouterr().out
+    fails = [line for line in out.splitlines() if line.startswith("FAIL ")]
+    assert len(fails) == 1 and "caf\\xe9.md: added under a name that is not valid UTF-8" in fails[0], out
+    with pytest.raises(ProtocolViolation, match="not valid UTF-8"):  # and nothing can amend it in
+        prereg.amend(locked, "try to record it")
+
+
+def test_locking_a_folder_holding_a_file_whose_name_is_not_utf8_is_refused_as_bad_input(tmp_path):
+    import os
+
+    folder = tmp_path / "study"
+    prereg.init(folder)
+    with open(os.path.join(os.fsencode(folder), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"x")
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        prereg.lock(folder)

@@ -28,3 +28,16 @@ def test_a_capture_folder_inside_the_model_or_the_prompts_is_refused(tmp_path, w
     with pytest.raises(InputError, match=f"the capture folder overlaps --{where}"):
         capture_to_folder(model, prompts, out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("repeats", ["0", "-3"])
+def test_capture_overhead_refuses_no_timed_repeat_before_loading_or_printing_anything(tmp_path, capsys, repeats):
+    """Issue 26: `--repeats 0` printed its progress line ("timing 0 forwards ...") before the error; the
+    count is now checked first, before the model or the prompts are read."""
+    from alibi.cli import main
+
+    assert main(["capture-overhead", "--model", str(tmp_path / "no-model"), "--prompts", str(tmp_path / "no-set"),
+                 "--repeats", repeats]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and "--repeats must be a positive integer" in err[0], err
