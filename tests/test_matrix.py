@@ -37,7 +37,8 @@ CPU_KERNELS = ["torch-cpu", "triton", *(["torchao-int8"] if HAVE_TORCHAO else []
 def biased_tiles():
     """The two `tiny` tiles, each with a bf16 bias large enough to tell bias modes apart on some outputs."""
     gen = torch.Generator().manual_seed(7)
-    return [t.replace(bias=(0.5 * torch.randn(t.N, generator=gen)).to(torch.bfloat16)) for t in synthetic_tiles("tiny")]
+    return [t.replace(name=f"{t.name}-bias", bias=(0.5 * torch.randn(t.N, generator=gen)).to(torch.bfloat16))
+            for t in synthetic_tiles("tiny")]
 
 
 def probe_rows():
@@ -206,3 +207,13 @@ def test_an_out_folder_holding_other_files_is_refused_and_left_untouched(tmp_pat
     assert main(["matrix", "--kernels", "torch-cpu,emulator:w_then_a", "--synthetic", "tiny", "--out", str(out)]) == 2
     assert "notes.txt" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_tiles_sharing_a_name_are_refused_since_the_matrix_tells_tiles_apart_by_name():
+    from alibi.errors import InputError
+
+    tiles = synthetic_tiles("tiny")
+    twin = tiles[1].replace(name=tiles[0].name)
+    with pytest.raises(InputError, match="two tiles are named"):
+        run_matrix(["torch-cpu", "emulator:w_then_a"], source_from_tiles([tiles[0], twin]), ("real",))
+    assert run_matrix(["torch-cpu", "emulator:w_then_a"], source_from_tiles(tiles), ("real",)).cells

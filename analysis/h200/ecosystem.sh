@@ -193,6 +193,8 @@ for u in m.unavailable:
     print(f"  left out: {u.name}: {u.reason[:160]}")
 PY
   done
-  for f in "$R"/identify-*.txt; do [ -f "$f" ] && { echo; echo "== $(basename "$f" .txt)"; head -4 "$f"; }; done
+  for f in "$R"/identify-*.txt; do
+    [ -f "$f" ] && { echo; echo "== $(basename "$f" .txt)"; grep -A2 "declares\|^alibi: error" "$f" | head -4; }
+  done
 } > "$R/summary.txt" 2>&1
 cat "$R/summary.txt"
