@@ -27,6 +27,7 @@ from __future__ import annotations
 import bz2
 import json
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,23 @@ def _sha256_file(path: Path) -> str:
     return file_sha256(path)
 
 
+# The pinned excerpt is a small test file of gensim (well under a megabyte); a member of that name declaring
+# more than this is not it, and is refused before a byte of it is decompressed (a zip bomb cannot fill memory).
+MAX_EXCERPT_BYTES = 64 * 2**20
+
+
+def _bounded_member(z: zipfile.ZipFile, member: str, path: Path) -> bytes:
+    """The bytes of `member`, refused (InputError) before decompression when its declared size exceeds
+    MAX_EXCERPT_BYTES; zipfile stops at the declared size and checks the CRC, so no more is ever inflated."""
+    info = z.getinfo(member)
+    if info.file_size > MAX_EXCERPT_BYTES:
+        raise InputError(f"{path}: {member} declares {info.file_size:,} bytes, more than any Wikipedia excerpt this "
+                         f"toolkit pins ({MAX_EXCERPT_BYTES:,}); it is not the pinned excerpt: pass the unmodified "
+                         "gensim 4.4.0 wheel")
+    with z.open(info) as fh:
+        return fh.read(MAX_EXCERPT_BYTES + 1)
+
+
 def wikipedia_text(path: str | Path, source: WikipediaSource = GENSIM_WIKIPEDIA) -> SourceText:
     """Cleaned article text of the pinned Wikipedia excerpt, from the gensim wheel or the `.bz2`."""
     path = Path(path)
@@ -110,12 +128,15 @@ def wikipedia_text(path: str | Path, source: WikipediaSource = GENSIM_WIKIPEDIA)
                              "download it again from PyPI")
         try:
             with zipfile.ZipFile(path) as z:
-                raw = z.read(source.member)
+                raw = _bounded_member(z, source.member, path)
         except KeyError:
             raise InputError(f"{path}: does not contain {source.member}; pass the gensim 4.4.0 wheel") from None
-        except zipfile.BadZipFile as exc:
-            raise InputError(f"{path}: not a readable wheel ({exc}); download it again") from exc
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+            raise InputError(f"{path}: not a readable wheel ({one_line(str(exc))}); download it again") from None
     else:
+        if path.stat().st_size > MAX_EXCERPT_BYTES:
+            raise InputError(f"{path}: {path.stat().st_size:,} bytes, more than any Wikipedia excerpt this toolkit "
+                             f"pins ({MAX_EXCERPT_BYTES:,}); pass the gensim 4.4.0 wheel or its .bz2 member")
         raw = path.read_bytes()
     member_sha = bytes_sha256(raw)
     if member_sha != source.member_sha256:

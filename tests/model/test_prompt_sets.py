@@ -112,3 +112,35 @@ def test_an_edited_prompt_set_is_refused_on_load(tmp_path):
         fh.write("{}\n")
     with pytest.raises(InputError, match="does not match its manifest"):
         load_prompt_set(tmp_path / "s")
+
+
+def test_a_wheel_member_declaring_more_than_any_pinned_excerpt_is_refused_before_it_is_decompressed(tmp_path):
+    """Issue 26: the member was decompressed whole before its sha256 was compared, so a zip bomb under the
+    pinned name filled memory. Its declared size is now checked first: 256 MiB of zeros (≈ 0.25 MiB
+    compressed) is refused while the peak of traced allocations stays far below the member's size."""
+    import tracemalloc
+    import zipfile
+
+    wheel = tmp_path / "gensim-4.4.0-bomb.whl"
+    chunk = bytes(2**20)
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open(GENSIM_WIKIPEDIA.member, "w", force_zip64=True) as fh:
+            for _ in range(256):
+                fh.write(chunk)
+    assert wheel.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"declares 268,435,456 bytes, more than any Wikipedia excerpt"):
+            wikipedia_text(wheel)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak:,} bytes allocated: the member was decompressed"
+
+
+def test_an_excerpt_file_larger_than_any_pinned_excerpt_is_refused_before_it_is_read(tmp_path):
+    big = tmp_path / "excerpt.bz2"
+    with open(big, "wb") as fh:
+        fh.truncate(65 * 2**20)  # sparse: no disk, no read
+    with pytest.raises(InputError, match=r"68,157,440 bytes, more than any Wikipedia excerpt"):
+        wikipedia_text(big)
