@@ -73,11 +73,12 @@ def declared_model(name: str):
             raise InputError(f"kernel {name!r} declares no epilogue model, so nothing can be predicted for it; "
                              "give a kernel that declares one, or a model such as w_then_a+fma")
         return model
-    order, _, bias = name.partition("+")
-    if order not in ORDERS or (bias and bias not in BIAS_MODES):
+    try:
+        return EpilogueModel.parse(name)
+    except InputError:
         raise InputError(f"{name!r} is neither a kernel (see 'alibi kernels') nor an epilogue model "
-                         f"(<{'|'.join(ORDERS)}>[+{'|'.join(BIAS_MODES)}])")
-    return EpilogueModel.parse(name)
+                         f"(<{'|'.join(ORDERS)}>[+{'|'.join(BIAS_MODES)}][+round_between]"
+                         "[+absmax_stats*<constant>])") from None
 
 
 def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:

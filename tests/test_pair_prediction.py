@@ -45,3 +45,17 @@ def test_an_unknown_kernel_or_model_name_is_refused_with_one_line_and_exit_2(tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'w_then_b' is neither a kernel" in err
     assert not out.exists()
+
+
+def test_a_model_with_an_intermediate_rounding_is_predicted_with_that_cause():
+    """TorchAO's model against the same program without the cast between the scales: only the intermediate
+    rounding differs, and the prediction names it."""
+    source = source_from_preset("smollm2-135m-bias", seed=3, rows=8)
+    result = predict_pair("a_then_w+add_before_cast+round_between", "a_then_w+add_before_cast", source)
+    assert result.verdict == "differs"
+    assert {u.cause for u in result.units if u.n_predicted} == {"intermediate rounding"}
+
+
+def test_a_model_name_that_does_not_parse_is_refused_with_the_grammar(capsys):
+    assert main(["predict-pair", "a_then_w+round_twice", "torch-cpu", "--synthetic", "tiny"]) == 2
+    assert "[+round_between]" in capsys.readouterr().err

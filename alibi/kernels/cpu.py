@@ -21,8 +21,9 @@ class EmulatorKernel(Kernel):
 
     def __init__(self, epilogue: EpilogueModel):
         self.epilogue = epilogue
-        self.name = (f"emulator:{epilogue.order}" + ("" if epilogue.bias == "fma" else f"+{epilogue.bias}")
-                     + ("+round_between" if epilogue.round_between else ""))
+        # The model's name without the default bias mode: emulator:w_then_a, emulator:a_then_w+add_after_cast, ...
+        self.name = "emulator:" + epilogue.name.replace("+fma", "", 1) if epilogue.bias == "fma" else \
+            "emulator:" + epilogue.name
         self.description = f"exact fp64 accumulator + {epilogue.name} epilogue (reference)"
 
     def available(self) -> tuple[bool, str]:
