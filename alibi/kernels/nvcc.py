@@ -15,12 +15,20 @@ Atomicity. Objects are compiled into a private temporary folder inside the cache
 (`.json`). A crash leaves at most a stray temporary folder, never a half-written library; a file
 lock serialises concurrent builders of the same key so the work is done once.
 
-Integrity. The build record pins the sha256 of the `.so` it describes. `load` opens the cached
-file once, digests the bytes through that descriptor, compares them with the record and only then
-lets `ctypes` load the same open file (`/proc/self/fd/<n>`), so the digest it reports is of the
-bytes loaded even if the name is replaced meanwhile. A mismatch is refused (KernelUnavailable:
-delete the file to rebuild); a record from before digests were recorded is loaded and reported
-`verified: false` with the reason (`LibraryCheck`).
+Integrity and trust (docs/digests.md, "The kernel cache"). A cache folder can be written by whoever
+can write it, so nothing in it vouches for itself:
+  * the cache folder and every library loaded from it must be owned by the user running alibi and
+    not writable by group or others; otherwise nothing is loaded (KernelUnavailable, exit 3);
+  * when a build installs a library, its build key and sha256 are also pinned outside the cache, in
+    the user's own config folder (`$ALIBI_CONFIG`, default `$XDG_CONFIG_HOME/alibi` or
+    `~/.config/alibi`: `kernel-pins.json`, owned by the user, not writable by others). `load` opens the
+    cached file once, checks its owner and mode through that descriptor, digests the bytes, compares
+    them with the pin (and the build record beside it) and only then lets `ctypes` load the same open
+    file (`/proc/self/fd/<n>`), so the digest it reports is of the bytes loaded even if the name is
+    replaced meanwhile. A mismatch is refused (KernelUnavailable: delete the file to rebuild);
+  * a library with no pin (built elsewhere, or before pins) is refused unless
+    `ALIBI_ACCEPT_UNPINNED_KERNELS=1` is set; it then loads `verified: false`, and the kernel's
+    evidence (report and manifest) records that it was loaded unpinned, and why (`LibraryCheck`).
 
 Where things come from (first match wins):
   * nvcc: `$ALIBI_NVCC`, `$CUDA_HOME/bin/nvcc`, `$CUDA_PATH/bin/nvcc`, `nvcc` on `PATH`,
@@ -265,10 +273,11 @@ def build(lib: Library, *, jobs: int | None = None) -> Path:
     if target.is_file():
         return target
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise KernelUnavailable(f"cannot create the kernel cache {root} ({exc.strerror}); "
                                 "set ALIBI_CACHE to a writable folder") from None
+    require_private(root, "kernel cache")  # a cache others can write is not built into either
     lock_path = root / f".{lib.name}-{key[:20]}.lock"
     with build_lock(lock_path):  # another process may be building the same key
         if target.is_file():
@@ -313,9 +322,76 @@ def install(built: Path, target: Path, record: dict) -> Path:
     record = {**record, "sha256": sha256_file(built)}
     staged = built.with_name(built.name + ".json")
     staged.write_text(json.dumps(record, indent=2))
+    os.chmod(built, 0o755)
+    pin_library(target.name, str(record.get("key", "")), record["sha256"])  # outside the cache, before it is visible
     os.replace(staged, target.with_suffix(".json"))
     os.replace(built, target)
     return target
+
+
+# --- the pins outside the cache ---------------------------------------------------------------------
+
+UNPINNED_ENV = "ALIBI_ACCEPT_UNPINNED_KERNELS"
+PINS_FILE = "kernel-pins.json"
+
+
+def config_root() -> Path:
+    """The user's alibi config folder: `$ALIBI_CONFIG`, else `$XDG_CONFIG_HOME/alibi`, else `~/.config/alibi`."""
+    if os.environ.get("ALIBI_CONFIG"):
+        return Path(os.environ["ALIBI_CONFIG"])
+    base = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(base) if base else Path.home() / ".config") / "alibi"
+
+
+def require_private(path: Path, what: str, st: os.stat_result | None = None) -> None:
+    """KernelUnavailable unless `path` (or the `st` of its open descriptor) is owned by this user and not
+    writable by group or others: whoever else can write it could replace what alibi loads."""
+    st = os.lstat(path) if st is None else st
+    fix = "or set ALIBI_CACHE (and ALIBI_CONFIG) to folders only you can write"
+    if stat.S_ISLNK(st.st_mode):
+        raise KernelUnavailable(f"{path}: the {what} is a symbolic link; remove it, {fix}")
+    if st.st_uid != os.getuid():
+        raise KernelUnavailable(f"{path}: the {what} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}); "
+                                f"nothing in it is trusted: remove it, {fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KernelUnavailable(f"{path}: the {what} is writable by group or others (mode "
+                                f"{stat.S_IMODE(st.st_mode):o}); `chmod go-w {path}`, {fix}")
+
+
+def read_pins() -> dict[str, dict]:
+    """{library file name: {"key", "sha256"}} pinned by this user's builds (empty when none was pinned)."""
+    path = config_root() / PINS_FILE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    require_private(path.parent, "config folder")
+    require_private(path, "kernel pin file")
+    try:
+        pins = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise KernelUnavailable(f"{path}: unreadable kernel pins ({exc.__class__.__name__}); delete it and the "
+                                "cached libraries (they are rebuilt and pinned again)") from None
+    if not isinstance(pins, dict) or not all(isinstance(v, dict) for v in pins.values()):
+        raise KernelUnavailable(f"{path}: not a kernel pin file; delete it and the cached libraries (they are "
+                                "rebuilt and pinned again)")
+    return pins
+
+
+def pin_library(name: str, key: str, sha256: str) -> None:
+    """Record `name`'s build key and sha256 in the user's pin file (one writer at a time)."""
+    from alibi import atomic
+
+    root = config_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot create the config folder {root} ({exc.strerror}); set ALIBI_CONFIG to a "
+                                "folder only you can write") from None
+    require_private(root, "config folder")
+    with build_lock(root / f".{PINS_FILE}.lock"):
+        pins = read_pins()
+        pins[name] = {"key": key, "sha256": sha256}
+        path = atomic.write_text(root / PINS_FILE, json.dumps(pins, indent=1, sort_keys=True) + "\n")
+        os.chmod(path, 0o600)
 
 
 def build_record(path: Path) -> dict:
@@ -346,35 +422,48 @@ class LibraryCheck:
 
 
 def verify_library(path: Path, fh: BinaryIO | None = None) -> LibraryCheck:
-    """Digest the cached library `path` (through the open file `fh` when given) and compare it with its record.
+    """Check the cached library `path` (through the open file `fh` when given) before anything loads it.
 
-    KernelUnavailable, naming the file and the fix, when the record pins a different sha256 or was
-    written for another build key than the one in the file name: the bytes are not the ones that
-    were built, and nothing is loaded. A missing, unreadable or digest-less record refuses nothing
-    (libraries cached before records carried digests still load) and says so in `why`.
+    KernelUnavailable, naming the file and the fix, when the cache folder or the file is not this user's
+    alone (`require_private`), when the pin in the user's config folder or the build record beside the
+    file pins a different sha256 or another build key than the one in the file name, and when no pin
+    exists, unless `ALIBI_ACCEPT_UNPINNED_KERNELS=1` (then `verified: false`, with why).
     """
     if fh is None:
         with open(path, "rb") as own:
             return verify_library(path, own)
+    require_private(path.parent, "kernel cache")
+    require_private(path, "cached library", os.fstat(fh.fileno()))
     fh.seek(0)
     actual = sha256_stream(fh)
     json_path = path.with_suffix(".json")
     record = build_record(path)
     fix = f"delete {path} to rebuild it"
-    if not record:
-        return LibraryCheck(path, actual, False, f"no readable build record {json_path}; {fix} with one")
     key = record.get("key")
     if isinstance(key, str) and not path.stem.endswith("-" + key[:20]):
         raise KernelUnavailable(f"{path}: its build record {json_path} is for build key {key[:20]}, not this "
                                 f"file's; {fix} (and {json_path.name})")
-    pinned = record.get("sha256")
-    if pinned is None:
-        return LibraryCheck(path, actual, False, f"its build record {json_path} predates recorded library "
-                                                 f"digests (no sha256); {fix} with one")
-    if pinned != actual:
-        raise KernelUnavailable(f"{path}: its sha256 is {actual}, its build record {json_path} pins {pinned} "
+    recorded = record.get("sha256")
+    if recorded is not None and recorded != actual:
+        raise KernelUnavailable(f"{path}: its sha256 is {actual}, its build record {json_path} pins {recorded} "
                                 f"(changed since it was built); {fix}")
-    return LibraryCheck(path, actual, True, f"sha256 equals the one pinned by {json_path}")
+    pins_path = config_root() / PINS_FILE
+    pin = read_pins().get(path.name)
+    if pin is None:
+        if os.environ.get(UNPINNED_ENV) == "1":
+            return LibraryCheck(path, actual, False, f"no pin in {pins_path} (not built by this user here, or built "
+                                                     f"before pins); loaded unverified because {UNPINNED_ENV}=1")
+        raise KernelUnavailable(f"{path}: no build of yours pinned it in {pins_path}, so nothing outside the cache "
+                                f"vouches for its bytes; {fix} here, or set {UNPINNED_ENV}=1 to load it unverified "
+                                "(the kernel's evidence then says so)")
+    if not (isinstance(pin.get("key"), str) and path.stem.endswith("-" + pin["key"][:20])):
+        raise KernelUnavailable(f"{path}: the pin in {pins_path} is for build key {str(pin.get('key'))[:20]}, not "
+                                f"this file's; {fix}")
+    if pin.get("sha256") != actual:
+        raise KernelUnavailable(f"{path}: its sha256 is {actual}, the pin in {pins_path} written when it was built "
+                                f"is {pin.get('sha256')} (changed since it was built); {fix}")
+    return LibraryCheck(path, actual, True, f"sha256 equals the one pinned in {pins_path} when it was built "
+                                            f"(and by {json_path})")
 
 
 def _loadable_name(fh: BinaryIO, path: Path) -> str:

@@ -3,7 +3,8 @@
 No GPU and no nvcc needed: the libraries here are small C shared objects built with the system C
 compiler, carrying the C entry points of a CUTLASS library (entry_points.h) so that
 `CutlassLibrary` binds them, and installed in a private cache (`ALIBI_CACHE`) with
-`nvcc.install`, the function a real build ends with. Digests are recomputed here with hashlib,
+`nvcc.install`, the function a real build ends with, which also pins them in a private config
+folder (`ALIBI_CONFIG`). Digests are recomputed here with hashlib,
 independently of `alibi.digests`. The last two tests use the real cached CUTLASS libraries when
 this machine has them (`~/.cache/alibi/kernels`) and skip otherwise.
 """
@@ -59,6 +60,8 @@ def _sha256(path: Path) -> str:
 def cached(tmp_path, monkeypatch) -> Path:
     """A stand-in library installed in a private kernel cache, as `nvcc.build` would leave it."""
     monkeypatch.setenv("ALIBI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ALIBI_CONFIG", str(tmp_path / "config"))
+    monkeypatch.delenv(nvcc.UNPINNED_ENV, raising=False)
     monkeypatch.setattr(nvcc, "_LOADED", {})  # loads are per process: start from none
     root = nvcc.cache_root()
     root.mkdir(parents=True)
@@ -109,19 +112,68 @@ def test_a_cached_library_with_one_flipped_byte_is_refused_before_ctypes_loads_i
 
 
 @needs_cc
-def test_a_record_without_a_sha256_refuses_nothing_and_reports_unverified_with_why(cached):
+def test_a_record_without_a_sha256_still_has_its_bytes_pinned_outside_the_cache(cached):
     _rewrite_record(cached, lambda r: r.pop("sha256"))
-    _flip_a_byte(cached)  # nothing pins the bytes, so nothing can tell: loaded, and said so
-    check = nvcc.verify_library(cached)
-    assert check.verified is False and check.sha256 == _sha256(cached)
-    assert "no sha256" in check.why and f"delete {cached} to rebuild it" in check.why
+    assert nvcc.verify_library(cached).verified is True
+    _flip_a_byte(cached)
+    with pytest.raises(KernelUnavailable, match=r"the pin in .*kernel-pins\.json written when it was built"):
+        nvcc.verify_library(cached)
 
 
 @needs_cc
-def test_a_library_without_a_build_record_loads_unverified_saying_the_record_is_missing(cached):
+def test_a_library_without_a_build_record_is_verified_by_its_pin(cached):
     cached.with_suffix(".json").unlink()
     handle, check = nvcc.load_path(cached)
-    assert check.verified is False and check.sha256 == _sha256(cached) and "no readable build record" in check.why
+    assert check.verified is True and check.sha256 == _sha256(cached) and "kernel-pins.json" in check.why
+
+
+# --- issue 26: the cache does not vouch for itself --------------------------------------------------
+
+@needs_cc
+def test_a_library_and_record_both_replaced_in_the_cache_are_refused_by_the_pin_outside_it(cached, monkeypatch):
+    """Whoever can write the cache can replace a library and its build record together: the record then
+    agrees with the bytes, and only the pin in the user's config folder tells."""
+    forged = _compile(cached.parent.parent / "forged", "forged")
+    shutil.copyfile(forged, cached)
+    _rewrite_record(cached, lambda r: r.update(sha256=_sha256(cached)))
+    monkeypatch.setattr(nvcc.ctypes, "CDLL", lambda name: pytest.fail(f"loaded {name}"))
+    with pytest.raises(KernelUnavailable, match=r"changed since it was built"):
+        nvcc.load_path(cached)
+
+
+@needs_cc
+def test_a_library_no_build_of_yours_pinned_is_refused_unless_the_recorded_flag_is_set(cached, monkeypatch):
+    pins = nvcc.config_root() / nvcc.PINS_FILE
+    pins.unlink()  # e.g. a cache copied from elsewhere: the record beside it agrees, nothing else vouches
+    monkeypatch.setattr(nvcc.ctypes, "CDLL", lambda name: pytest.fail(f"loaded {name}"))
+    with pytest.raises(KernelUnavailable, match=r"no build of yours pinned it .*ALIBI_ACCEPT_UNPINNED_KERNELS=1"):
+        nvcc.load_path(cached)
+    monkeypatch.undo()
+    monkeypatch.setenv(nvcc.UNPINNED_ENV, "1")
+    check = nvcc.verify_library(cached)
+    assert check.verified is False and "loaded unverified because ALIBI_ACCEPT_UNPINNED_KERNELS=1" in check.why
+    assert check.to_json()["verified"] is False  # what the kernel's evidence carries into the report
+
+
+@needs_cc
+@pytest.mark.parametrize("what", ["cache", "library", "pins"])
+def test_a_cache_library_or_pin_file_others_can_write_is_refused(cached, what):
+    target = {"cache": cached.parent, "library": cached, "pins": nvcc.config_root() / nvcc.PINS_FILE}[what]
+    target.chmod(target.stat().st_mode | 0o002)
+    with pytest.raises(KernelUnavailable, match=r"writable by group or others"):
+        nvcc.verify_library(cached)
+    target.chmod(target.stat().st_mode & ~0o022)
+    assert nvcc.verify_library(cached).verified is True
+
+
+@needs_cc
+@pytest.mark.skipif(__import__("os").getuid() != 0, reason="giving a file to another user needs root")
+def test_a_library_owned_by_another_user_is_refused(cached):
+    import os
+
+    os.chown(cached, 65534, 65534)
+    with pytest.raises(KernelUnavailable, match=r"owned by uid 65534, not by you"):
+        nvcc.verify_library(cached)
 
 
 @needs_cc
@@ -180,14 +232,14 @@ def test_a_real_cached_cutlass_library_with_one_flipped_byte_is_refused_once_its
     real = _real_cached(NAME)
     monkeypatch.setenv("ALIBI_CACHE", str(tmp_path))
     monkeypatch.setattr(nvcc, "_LOADED", {})
+    monkeypatch.setenv("ALIBI_CONFIG", str(tmp_path / "config"))
     copy = nvcc.cache_root() / real.name
     copy.parent.mkdir()
     shutil.copyfile(real, copy)
     shutil.copyfile(real.with_suffix(".json"), copy.with_suffix(".json"))
-    check = nvcc.verify_library(copy)
-    if "sha256" not in nvcc.build_record(real):  # built before records pinned digests
-        assert check.verified is False and "no sha256" in check.why
-        _rewrite_record(copy, lambda r: r.update(sha256=_sha256(real)))  # what `install` records now
+    with pytest.raises(KernelUnavailable, match="no build of yours pinned it"):  # a copy: nothing vouches for it
+        nvcc.verify_library(copy)
+    nvcc.pin_library(copy.name, nvcc.build_record(real)["key"], _sha256(real))  # what `install` pins
     check = nvcc.verify_library(copy)
     assert check.verified is True and check.sha256 == _sha256(real)
     _flip_a_byte(copy, offset=len(copy.read_bytes()) // 2)
