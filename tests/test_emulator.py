@@ -39,6 +39,8 @@ def reference_epilogue(model: EpilogueModel, acc: int, s_a: float, s_w: float, b
     """science.md's epilogue programs in exact rational arithmetic with explicit roundings."""
     a = rnd(Fraction(acc), FP32)
     sa, sw = Fraction(s_a), Fraction(s_w)
+    if model.statistics is not None:  # bitsandbytes: the scales enter as absmax statistics RN32(127·s)
+        sa, sw = rnd(127 * sa, FP32), rnd(127 * sw, FP32)
     if model.order == "w_then_a":
         first, last = mul(a, sw), sa
     elif model.order == "a_then_w":
@@ -48,6 +50,15 @@ def reference_epilogue(model: EpilogueModel, acc: int, s_a: float, s_w: float, b
     fmt = FORMATS[out]
     if model.round_between:
         first = rnd(first, fmt)
+    if model.statistics is not None:  # y·c, fused with the bias (zero when absent) under fma
+        y, c = mul(first, last), Fraction(model.statistics)
+        if model.bias == "fma":
+            return rnd(y if isinstance(y, float) else rnd(y * c + Fraction(bias or 0), FP32), fmt)
+        if bias is None:
+            return rnd(mul(y, c), fmt)
+        if model.bias == "add_before_cast":
+            return rnd(rnd(mul(y, c) + Fraction(bias), FP32), fmt)
+        return rnd(rnd(rnd(mul(y, c), fmt) + Fraction(bias), FP32), fmt)
     if bias is None:
         return rnd(mul(first, last), fmt)
     b = Fraction(bias)
@@ -86,10 +97,12 @@ def test_exact_accumulator_is_exact_at_k_32768_with_all_minus_128_operands():
        st.sampled_from(["fma", "add_before_cast", "add_after_cast"]),
        st.integers(-(2**31), 2**31 - 1), fp32_scales, fp32_scales,
        st.none() | st.floats(min_value=-1024.0, max_value=1024.0, width=16),
-       st.sampled_from([torch.bfloat16, torch.float16]), st.booleans())
-def test_epilogue_models_equal_the_exact_rational_reference(order, bias_mode, acc, s_a, s_w, bias, out, round_between):
+       st.sampled_from([torch.bfloat16, torch.float16]), st.booleans(),
+       st.sampled_from([None, 6.200012e-05, 6.200124e-05]))
+def test_epilogue_models_equal_the_exact_rational_reference(order, bias_mode, acc, s_a, s_w, bias, out, round_between,
+                                                            statistics):
     assume(not (round_between and order == "product_first"))
-    model = EpilogueModel(order, bias_mode, round_between)
+    model = EpilogueModel(order, bias_mode, round_between, statistics)
     bias_t = None if bias is None else torch.tensor([bias], dtype=torch.bfloat16)
     bias_v = None if bias_t is None else bias_t.float().item()
     got = apply_epilogue(model, torch.tensor([[acc]]), torch.tensor([s_a], dtype=torch.float32),
