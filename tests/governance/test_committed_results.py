@@ -1,0 +1,61 @@
+"""Every manifest committed under analysis/results verifies file by file (issue 26).
+
+A folder whose large files are kept in an archive beside it (so the working tree stays small) is
+verified after the archive is extracted into a copy; the archive must lie outside the folder it
+restores, or the folder could never verify (its manifest cannot cover the archive)."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from hostile import REPO
+
+from alibi.governance.manifest import verify_files
+
+RESULTS = REPO / "analysis" / "results"
+# folder (relative to RESULTS) -> (archive, the folder inside it that holds the folder's missing files,
+# relative to the archive's own top; "" when the archive's members are the folder's own paths)
+ARCHIVES = {
+    "h200/tokens/tf-real": ("h200/tokens/teacher-forced-arms.tar.xz", "tf-real"),
+    "h200/tokens/tf-pow2": ("h200/tokens/teacher-forced-arms.tar.xz", "tf-pow2"),
+    "h200/fma-e2e/tokens/tf-real": ("h200/fma-e2e/tokens/tf-real-arms.tar.xz", ""),
+}
+MANIFEST_FOLDERS = sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("manifest.json"))
+
+
+def test_the_walk_finds_the_committed_manifests():
+    assert len(MANIFEST_FOLDERS) >= 40 and set(ARCHIVES) <= set(MANIFEST_FOLDERS)
+
+
+@pytest.mark.parametrize("folder", MANIFEST_FOLDERS)
+def test_every_committed_result_manifest_verifies(folder, tmp_path):
+    path = RESULTS / folder
+    if folder in ARCHIVES:
+        archive, inside = ARCHIVES[folder]
+        assert not (RESULTS / archive).resolve().is_relative_to(path.resolve()), \
+            f"{archive} lies inside {folder}, the folder it restores"
+        copy = tmp_path / "copy"
+        shutil.copytree(path, copy)
+        with tarfile.open(RESULTS / archive) as tar:
+            members = [m for m in tar.getmembers() if not inside or m.name.startswith(inside + "/")]
+            for m in members:
+                m.name = m.name[len(inside) + 1:] if inside else m.name
+            tar.extractall(copy, members=members, filter="data")
+        path = copy
+    assert verify_files(path) == []
+
+
+def test_a_folder_holding_a_file_its_manifest_does_not_cover_fails(tmp_path):
+    """The check fires: the state the fma-e2e tf-real folder was in, with its archive inside it."""
+    folder = "h200/fma-e2e/tokens/tf-real"
+    copy = tmp_path / "copy"
+    shutil.copytree(RESULTS / folder, copy)
+    archive, _ = ARCHIVES[folder]
+    with tarfile.open(RESULTS / archive) as tar:
+        tar.extractall(copy, filter="data")
+    shutil.copy(RESULTS / archive, copy / "teacher-forced-arms.tar.xz")
+    problems = verify_files(copy)
+    assert len(problems) == 1 and "teacher-forced-arms.tar.xz" in problems[0]
