@@ -196,7 +196,7 @@ class TorchaoInt8Kernel(Kernel):
             bad_dims = not (K % 8 == 0 and N % 8 == 0)
             path = ("TorchAO Triton int_scaled_matmul" if self.triton else
                     "torch.matmul on the CPU (TorchAO's fallback: K or N not a multiple of 8)" if bad_dims else
-                    "out_dtype(aten.mm, int32) (cuBLASLt)")
+                    "safe_int_mm: out_dtype(aten.mm, int32), fp32 matmul if that raises")
         else:
             from torchao.utils import _cpu_is_amx_tile_supported, _cpu_is_vnni_supported
 
