@@ -59,3 +59,45 @@ def test_a_folder_holding_a_file_its_manifest_does_not_cover_fails(tmp_path):
     shutil.copy(RESULTS / archive, copy / "teacher-forced-arms.tar.xz")
     problems = verify_files(copy)
     assert len(problems) == 1 and "teacher-forced-arms.tar.xz" in problems[0]
+
+
+@pytest.mark.parametrize("folder", MANIFEST_FOLDERS)
+def test_every_committed_result_manifest_records_a_source_digest(folder):
+    from alibi.governance.manifest import read_manifest
+
+    toolkit = read_manifest(RESULTS / folder).predicate.get("toolkit") or {}
+    assert isinstance(toolkit.get("source_digest"), dict) and len(toolkit["source_digest"].get("sha256", "")) == 64
+
+
+SOURCE_COMMIT_FOLDERS = sorted({p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("SOURCE_COMMIT*")})
+
+
+@pytest.mark.parametrize("folder", SOURCE_COMMIT_FOLDERS)
+def test_a_result_that_names_its_commit_in_a_text_file_has_a_manifest_pinning_that_commits_sources(folder):
+    """Issue 26: these folders named their commit in SOURCE_COMMIT only (analysis/pin_results.py)."""
+    from alibi.governance.manifest import read_manifest
+    from alibi.governance.provenance import commit_source_digest
+
+    path = RESULTS / folder
+    assert (path / "manifest.json").is_file(), f"{folder}: no manifest; run analysis/pin_results.py"
+    commit = {p.read_text().split()[0] for p in path.glob("SOURCE_COMMIT*")}.pop()
+    toolkit = read_manifest(path).predicate["toolkit"]
+    assert toolkit["git_commit"] == commit
+    if not (REPO / ".git").exists():
+        pytest.skip("no git history here to compute the commit's source digest")
+    assert toolkit["source_digest"]["sha256"] == commit_source_digest(REPO, commit)
+
+
+def test_the_pre_registered_token_study_pins_the_lock_it_was_measured_under():
+    """Issue 26: its manifests did not record the lock hash; the folder's manifest now carries the protocol
+    record of the commit it names, which equals the lock hash the locked criteria were judged against."""
+    import json
+
+    from alibi.governance.manifest import read_manifest
+
+    folder = RESULTS / "h200" / "tokens"
+    protocol = read_manifest(folder).predicate["protocol"]
+    judged = json.loads((folder / "criteria.json").read_text())
+    assert protocol["folder"] == "prereg/smollm2-token-transfer"
+    assert protocol["lock_sha256"] == judged["protocol"]["lock_sha256"]
+    assert protocol["as_of_commit"] == (folder / "SOURCE_COMMIT").read_text().split()[0]
