@@ -61,7 +61,7 @@ def cached(tmp_path, monkeypatch) -> Path:
     """A stand-in library installed in a private kernel cache, as `nvcc.build` would leave it."""
     monkeypatch.setenv("ALIBI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ALIBI_CONFIG", str(tmp_path / "config"))
-    monkeypatch.delenv(nvcc.UNPINNED_ENV, raising=False)
+    monkeypatch.delenv("ALIBI_ACCEPT_UNPINNED_KERNELS", raising=False)
     monkeypatch.setattr(nvcc, "_LOADED", {})  # loads are per process: start from none
     root = nvcc.cache_root()
     root.mkdir(parents=True)
