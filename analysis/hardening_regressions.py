@@ -101,6 +101,19 @@ _PREPARE = "test_model_prepare_killed_at_any_write_leaves_the_old_checkpoints_or
 _PREDICT = "test_predict_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new_one_and_no_partial"
 _EVAL = "test_eval_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new_one_and_no_partial"
 
+_ISSUE_26 = "2a29ac7"
+_KILL_POINTS = ("test_resume_without_a_plan_starts_afresh_and_says_so",
+                "test_a_kill_during_the_clean_up_leaves_nothing_the_next_run_does_not_remove",
+                "test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_uninterrupted_run")
+_RESUME_TRUST = ("test_an_edited_unit_with_an_impossible_count_is_refused_on_resume",
+                 "test_an_impossible_count_is_refused_even_with_its_digest_in_the_ledger",
+                 "test_a_planted_unit_whose_digest_the_run_never_recorded_is_refused",
+                 "test_a_unit_from_another_run_is_refused", "test_a_unit_of_other_tile_bytes_is_refused",
+                 "test_a_unit_outside_the_unit_schema_is_refused",
+                 "test_untouched_units_resume_and_the_report_and_manifest_say_how_many_came_from_disk",
+                 "test_verify_units_recomputes_stored_units_and_refuses_one_that_differs",
+                 "test_verify_units_without_resume_is_refused")
+
 FIXES: tuple[Fix, ...] = (
     Fix("62dffba", "hostile tiles: header-only read, element budget, one seed rule, bounded JSON/YAML"),
     Fix("107ca56", "source.synthetic.rows over the element budget", before="62dffba^"),
@@ -191,7 +204,32 @@ FIXES: tuple[Fix, ...] = (
          tuple(f"{_KILL3}::{t}" for t in (_PREPARE, _PREDICT, _EVAL)) + (f"tests/test_kill.py::{_CONFORM}",),
          Mutation("alibi/atomic.py", "    path = Path(path)\n    pattern = re.compile(",
                   "    return []\n    path = Path(path)\n    pattern = re.compile(", "remove_stale_stages does nothing")),
-    )),
+        )),
+    # Issue 26 (hardening, third round): each item's tests, run on the code at 2a29ac7, where the hostile
+    # user found them (`before`); tests that only follow a changed file layout (the units ledger) are left out.
+    Fix("766fea6", "issue 26 #1: a resumed conform trusts no stored unit it did not compute", before=_ISSUE_26,
+        only=tuple(t for t in _RESUME_TRUST if t not in _KILL_POINTS)),
+    Fix("766fea6", "issue 26 #2: every kill point of conform recoverable by --resume", before=_ISSUE_26,
+        only=_KILL_POINTS),
+    Fix("766fea6", "issue 26 #3: a tile header's dtype no tile has is one line, not safetensors' KeyError",
+        before=_ISSUE_26, only=("test_a_tile_whose_header_declares_an_operand_dtype_no_tile_has_is_one_line_naming_it",
+                                "test_a_tile_with_the_dtypes_a_tile_has_is_read")),
+    Fix("766fea6", "issue 26 #4: a refused conform leaves no folder", before=_ISSUE_26,
+        only=("test_a_refused_fp8_run_with_int8_only_kernels_leaves_no_folder",
+              "test_a_refused_ray_run_without_ray_installed_leaves_no_folder",
+              "test_a_fresh_run_that_fails_before_its_first_unit_removes_its_units_folder")),
+    Fix("0594ae7", "issue 26 #5, #6: symlinked folders in manifests, prereg verify exit code, capture-overhead "
+                   "--repeats 0", before=_ISSUE_26),
+    Fix("c6417ed", "issue 26 #7: a zip member's size bounded before it is decompressed", before=_ISSUE_26),
+    Fix("578a4a2", "issue 26 #8: the kernel cache cannot vouch for itself", before=_ISSUE_26,
+        only=("test_a_library_and_record_both_replaced_in_the_cache_are_refused_by_the_pin_outside_it",
+              "test_a_library_no_build_of_yours_pinned_is_refused_unless_the_recorded_flag_is_set",
+              "test_a_cache_library_or_pin_file_others_can_write_is_refused",
+              "test_a_library_owned_by_another_user_is_refused")),
+    Fix("4894f48", "issue 26 #9: every committed result manifest verifies", before=_ISSUE_26),
+    Fix("fd50fe0", "issue 26 #9: results pinned by commit and source digest, the study by its lock hash",
+        before=_ISSUE_26),
+    Fix("729ba1a", "issue 26 #10: the Dockerfile's torch is the README's", before=_ISSUE_26),
 )
 
 
