@@ -193,6 +193,17 @@ for u in m.unavailable:
     print(f"  left out: {u.name}: {u.reason[:160]}")
 PY
   done
+  fl="$R/flips-torchao-int8-vs-vllm-cutlass/flips/flips.json"
+  if [ -f "$fl" ]; then
+    echo; echo "== teacher-forced torchao-int8 vs vllm-cutlass (SmolLM2 W8A8, real scales)"
+    python - "$fl" <<'PY'
+import sys
+from alibi.stats.flips import FlipAnalysis
+f = FlipAnalysis.from_json(open(sys.argv[1]).read(), sys.argv[1])
+print(f"  positions {f.n_positions}, flips {f.n_flips} (rate {f.flip_rate:.4f}), logits identical "
+      f"{f.logits_identical}/{f.logits_compared}, margin ROC-AUC {f.roc_auc} CI90 {f.roc_auc_ci90}")
+PY
+  fi
   for f in "$R"/identify-*.txt; do
     [ -f "$f" ] && { echo; echo "== $(basename "$f" .txt)"; grep -A2 "declares\|^alibi: error" "$f" | head -4; }
   done
