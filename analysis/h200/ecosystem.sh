@@ -8,11 +8,16 @@
 # Run through the session wrapper, which unpacks the committed source (gpu_payload/src.tar.gz) and the CUTLASS
 # headers and sets up /tmp/alibi:
 #
-#   ECO_PARTS="identify synthetic fp8" bash analysis/h200/session.sh ecosystem        # ≈ 5 min
-#   ECO_PARTS="capture flips"          bash analysis/h200/session.sh ecosystem        # ≈ 6 min, needs the model
+#   ECO_PARTS=identify          bash analysis/h200/session.sh ecosystem   # ≈ 4 min (12 identify runs, GPU tests)
+#   ECO_PARTS="synthetic fp8"   bash analysis/h200/session.sh ecosystem   # ≈ 5 min (4 matrices)
+#   ECO_PARTS=capture           bash analysis/h200/session.sh ecosystem   # ≈ 6 min: model + capture + matrix
+#   ECO_PARTS=flips             bash analysis/h200/session.sh ecosystem   # ≈ 4 min: teacher-forced, 2 arms
 #
-# carry: gpu_payload/ecosystem, gpu_payload/src.tar.gz, gpu_payload/cutlass_include.tar.xz (≈ 9 MB with a
-# ≈ 28 MB checkout). vLLM's kernels join when an earlier call left vLLM's files in /tmp/alibi-vllm
+# (estimates: every step has its own time limit, so a call stays under 10 minutes; a step that runs out is
+# listed with rc=124 in summary.txt). The operand folders are rebuilt by every call (≈ 30 s).
+#
+# carry: gpu_payload/ecosystem, gpu_payload/src.tar.gz, gpu_payload/cutlass_include.tar.xz and, to skip the
+# CUTLASS build, gpu_payload/alibi_cache.tar.xz (≈ 9 MB with a ≈ 28 MB checkout). vLLM's kernels join when an earlier call left vLLM's files in /tmp/alibi-vllm
 # (`session.sh vllm-unpack`); the SmolLM2 capture and model when earlier calls left them in /tmp/alibi
 # (`session.sh stash` ×2 with GGUF parts aa, ab, then `pipeline` or this stage with part ac). Whatever is
 # missing is named in $OUT/ecosystem/summary.txt (and `alibi matrix --available-only` lists each kernel
