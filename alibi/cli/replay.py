@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     gr.add_argument("--run-index", type=int, default=1, help="with --kernel: which run of the arm this is")
     gr.add_argument("--trace", action="store_true", help="also write trace.pt per run: every module's output "
                     "digests, for `alibi locate RUN_A RUN_B`")
+    gr.add_argument("--engine", choices=("own", "vllm"), default="own",
+                    help="vllm: every run a cold start of a real vLLM engine (--kernel-a vllm is vLLM's own kernel; an "
+                         "alibi kernel name is swapped in by alibi's plugin)")
     gr.set_defaults(func=greedy)
 
     pd = rs.add_parser("prefill-vs-decode", help="one arm: prefill logits vs incremental decoding, bitwise, "
@@ -130,6 +133,8 @@ def greedy(args: argparse.Namespace) -> int:
             raise InputError("--kernel/--arm make one run of one arm; --kernel-a/--kernel-b compare two: give one form")
         if args.kernel_a is None or args.kernel_b is None:
             raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
+        if args.engine == "vllm":
+            return _greedy_vllm(args)
         result = lib.run_agreement(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
                                    kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
                                    new_tokens=args.new_tokens, windows=args.windows, batch_size=args.batch_size,
@@ -142,6 +147,8 @@ def greedy(args: argparse.Namespace) -> int:
         return 0
     if args.kernel is None and args.arm is not None:
         raise InputError("--arm labels a run of --kernel; name the kernel (or use --kernel-a/--kernel-b)")
+    if args.engine == "vllm":
+        raise InputError("--engine vllm compares two arms: give --kernel-a and --kernel-b (vllm = vLLM's own kernel)")
     run = lib.run_greedy_arm(args.model, args.prompts, args.out, kernel=args.kernel, arm=args.arm,
                              run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              windows=args.windows, batch_size=args.batch_size, device=args.device,
@@ -149,6 +156,23 @@ def greedy(args: argparse.Namespace) -> int:
                              deterministic=not args.nondeterministic, trace=args.trace)
     print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
           f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
+    return 0
+
+
+def _greedy_vllm(args: argparse.Namespace) -> int:
+    from alibi.engine.vllm_runs import greedy_agreement_with_vllm
+    from alibi.errors import InputError
+    from alibi.replay.greedy import summary_lines
+
+    if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1:
+        raise InputError("--device, --nondeterministic, --trace and --batch-size configure the own runner; --engine "
+                         "vllm runs vLLM as it is (it batches the prompts itself)")
+    result = greedy_agreement_with_vllm(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
+                                        kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
+                                        new_tokens=args.new_tokens, windows=args.windows, runs=args.runs,
+                                        overwrite=args.overwrite)
+    for line in summary_lines(result):
+        print(line)
     return 0
 
 

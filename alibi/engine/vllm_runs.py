@@ -162,10 +162,8 @@ def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLi
     """Prefill the first `tokens` tokens of window `window` in a vLLM engine with the plugin capturing; write the
     tiles (one per W8A8 Linear call, vLLM's layer names) and a `capture` manifest to `out`, atomically."""
     from alibi import atomic
-    from alibi.governance.manifest import build_predicate, write_manifest
-    from alibi.model.capture import require_quantized, write_tiles
+    from alibi.model.capture import require_quantized
     from alibi.replay.setup import open_inputs
-    from alibi.tile import load_tile
 
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
@@ -185,30 +183,44 @@ def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLi
         raw_root = stage / ".raw"
         run = run_engine(model_dir, [prompts.input_ids[window, :tokens].tolist()], "prompt_logprobs", kernel=swap,
                          capture_dir=raw_root, max_tokens=1)
-        (stage / ENGINE_LOG).write_text(run.log, encoding="utf-8")
-        calls = _read_calls(run.raw_dirs)
-        tiles = [load_tile(d / c["file"]) for d, c in calls]
-        files = write_tiles(stage, tiles)
-        engine = run.engine or {}
-        (stage / ENGINE_RECORD).write_text(json.dumps(engine, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        for d in run.raw_dirs:
-            for f in d.iterdir():
-                f.unlink()
-            d.rmdir()
-        raw_root.rmdir()
-        native = native_kernel_name(engine) if swap is None else swap
-        quantized_by = sorted({t.meta.get("quantized_by", "") for t in tiles})
-        write_manifest(stage, "capture", build_predicate(
-            inputs=inputs.resources, treatment=_treatment(stage, native, "capture"),
-            parameters={"window": window, "tokens": tokens, "M": tokens, "tiles": len(files),
-                        "layers": len({t.meta["layer"] for t in tiles}), "device": "cpu",
-                        "engine": {**engine_parameters(run), "kernel_classes": engine.get("kernel_classes"),
-                                   "linear_methods": sorted({str(v["linear_method"]) for v in
-                                                             engine.get("layers", {}).values()}),
-                                   "warmup_calls_not_recorded": engine.get("dummy_calls_not_recorded")},
-                        "activations_quantized_by": quantized_by,
-                        "checkpoint_verified_against_manifest": inputs.checkpoint_verified}))
+        files = write_capture(stage, raw_root, run.log, inputs.resources, swap, engine_parameters(run),
+                              {"window": window, "tokens": tokens, "M": tokens,
+                               "checkpoint_verified_against_manifest": inputs.checkpoint_verified})
     return VllmCapture(Path(out), tuple(files), tokens, run)
+
+
+def write_capture(stage: Path, raw_root: Path, log: str, inputs: dict[str, Any], swap: str | None,
+                  engine_params: dict[str, Any], parameters: dict[str, Any]) -> tuple[str, ...]:
+    """Turn what the plugin wrote under `raw_root` into a capture folder in `stage`: the tiles renamed in
+    recording order, `engine.log`, `engine.json` and a `capture` manifest; `raw_root` is removed."""
+    from alibi.engine import vllm_plugin
+    from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.model.capture import write_tiles
+    from alibi.tile import load_tile
+
+    raw_dirs = tuple(sorted(raw_root.glob("raw-*")))
+    (stage / ENGINE_LOG).write_text(log, encoding="utf-8")
+    calls = _read_calls(raw_dirs)
+    tiles = [load_tile(d / c["file"]) for d, c in calls]
+    files = write_tiles(stage, tiles)
+    engine: dict[str, Any] = {}
+    for d in raw_dirs:
+        if (d / vllm_plugin.ENGINE_FILE).exists():
+            engine = json.loads((d / vllm_plugin.ENGINE_FILE).read_text())
+    (stage / ENGINE_RECORD).write_text(json.dumps(engine, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    import shutil
+
+    shutil.rmtree(raw_root)
+    native = native_kernel_name(engine) if swap is None else swap
+    write_manifest(stage, "capture", build_predicate(
+        inputs=inputs, treatment=_treatment(stage, native, "capture"),
+        parameters={**parameters, "tiles": len(files), "layers": len({t.meta["layer"] for t in tiles}), "device": "cpu",
+                    "engine": {**engine_params, "kernel_classes": engine.get("kernel_classes"),
+                               "linear_methods": sorted({str(v["linear_method"]) for v in
+                                                         engine.get("layers", {}).values()}),
+                               "warmup_calls_not_recorded": engine.get("dummy_calls_not_recorded")},
+                    "activations_quantized_by": sorted({t.meta.get("quantized_by", "") for t in tiles})}))
+    return files
 
 
 def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
@@ -298,23 +310,100 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
 
 # --- greedy ---------------------------------------------------------------------------------------
 
-def greedy_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, *, kernel: str | None,
-                     windows: int | None, context: int, tokens: int) -> dict[str, Any]:
-    """Greedy continuations of `tokens` tokens after the first `context` tokens of each window, in vLLM:
-    {"kernel", "windows", "continuations" (token ids per window), "engine"}."""
-    from alibi.replay.setup import load_prompts, open_inputs, resolve_windows
+def greedy_run_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
+                         kernel: str | None, prompt_tokens: int, new_tokens: int, windows: int | None = None,
+                         arm: str | None = None, run_index: int = 1, overwrite: bool = False):
+    """One greedy run of one arm inside a fresh vLLM engine into `out` (run.json as `alibi.replay.greedy.GreedyRun`,
+    engine.log, manifest.json). vLLM batches the prompts itself (one `generate` call, continuous batching), so
+    `batch_size` is the number of prompts; `logit_digests` is None (vLLM does not hand out its logit rows)."""
+    import time
+
+    from alibi import atomic
+    from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.replay.greedy import RUN_FILE, GreedyRun, resolve_greedy
+    from alibi.replay.records import window_sha256
+    from alibi.replay.setup import check_output, load_prompts, open_inputs
 
     prompts = load_prompts(prompts_dir)
-    chosen = resolve_windows(prompts, windows, str(prompts_dir))
-    if not 1 <= context <= prompts.tokens:
-        raise InputError(f"--context {context}: must be 1..{prompts.tokens}")
-    open_inputs(model_dir, prompts)
+    chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, 1, str(prompts_dir), None)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    inputs = open_inputs(model_dir, prompts)
     swap = _swap_kernel(kernel)
     require_vllm()
-    run = run_engine(model_dir, [prompts.input_ids[w, :context].tolist() for w in chosen], "generate", kernel=swap,
-                     max_tokens=tokens, max_model_len=max(1024, context + tokens + 1))
-    return {"kernel": swap or NATIVE, "windows": list(chosen), "continuations": run.result["results"],
-            "engine": engine_parameters(run), "log": run.log}
+    with atomic.staged_dir(out) as stage:
+        probe = stage / ".plugin"
+        start = time.perf_counter()
+        run = run_engine(model_dir, [prompts.input_ids[w, :prompt_tokens].tolist() for w in chosen], "generate",
+                         kernel=swap, capture_dir=probe, max_calls_per_layer=0, max_tokens=new_tokens,
+                         max_model_len=max(1024, prompt_tokens + new_tokens + 1))
+        seconds = time.perf_counter() - start
+        (stage / ENGINE_LOG).write_text(run.log, encoding="utf-8")
+        import shutil
+
+        if probe.exists():
+            shutil.rmtree(probe)
+        kernel_name = swap or native_kernel_name(run.engine)
+        label = arm or kernel_name or NATIVE
+        result = GreedyRun(kernel=kernel_name, arm=label, run=run_index, prompt_tokens=prompt_tokens,
+                           new_tokens=new_tokens, batch_size=len(chosen), windows=chosen,
+                           prompt_sha256=tuple(window_sha256(prompts.input_ids[w, :prompt_tokens]) for w in chosen),
+                           sequences=tuple(tuple(int(t) for t in seq) for seq in run.result["results"]),
+                           seconds=round(seconds, 3), logit_digests=None)
+        atomic.write_text(stage / RUN_FILE, result.to_json())
+        write_manifest(stage, "replay", build_predicate(
+            inputs=inputs.resources, treatment=_treatment(stage, kernel_name, label),
+            parameters={"replay": "greedy", "windows": list(chosen), "prompt_tokens": prompt_tokens,
+                        "new_tokens": new_tokens, "batch_size": len(chosen), "device": "cpu",
+                        "decoding": "vLLM greedy (temperature 0, ignore_eos), all prompts in one generate call; "
+                                    "wall time includes the engine start",
+                        "engine": engine_parameters(run),
+                        "checkpoint_verified_against_manifest": inputs.checkpoint_verified}))
+    return result
+
+
+def greedy_agreement_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike,
+                               *, kernel_a: str, kernel_b: str, prompt_tokens: int, new_tokens: int,
+                               windows: int | None = None, runs: int = 2, overwrite: bool = False):
+    """Both arms inside vLLM, every run a cold engine start (a-1, b-1, a-2, b-2, …), compared as the own runner's
+    `alibi replay greedy` compares them (`alibi.replay.greedy.compare_runs`, greedy.json + manifest.json)."""
+    from alibi import atomic
+    from alibi.governance.identity import require_identity
+    from alibi.governance.manifest import write_manifest
+    from alibi.replay.greedy import RESULT_FILE, compare_runs, read_run, resolve_greedy
+    from alibi.replay.setup import check_output, combined_predicate, load_prompts
+
+    if runs < 1:
+        raise InputError(f"--runs {runs}: must be at least 1 (2 shows that each arm reproduces itself)")
+    prompts = load_prompts(prompts_dir)
+    chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, 1, str(prompts_dir), None)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    for kernel in (kernel_a, kernel_b):
+        _swap_kernel(kernel)
+    with atomic.staged_dir(out) as stage:
+        folders: dict[str, list[Path]] = {"a": [], "b": []}
+        for i in range(1, runs + 1):
+            for label, kernel in (("a", kernel_a), ("b", kernel_b)):
+                folder = stage / "runs" / f"{label}-{i}"
+                greedy_run_with_vllm(model_dir, prompts_dir, folder, kernel=kernel, prompt_tokens=prompt_tokens,
+                                     new_tokens=new_tokens, windows=len(chosen), arm=label, run_index=i)
+                folders[label].append(folder)
+        identity = {"a-1 vs b-1": require_identity(folders["a"][0], folders["b"][0], ("kernel",)).as_dict()}
+        for label in ("a", "b"):
+            for j, folder in enumerate(folders[label][1:], start=2):
+                # a cold restart differs in its engine log (timestamps, process ids) only
+                identity[f"{label}-1 vs {label}-{j}"] = require_identity(folders[label][0], folder,
+                                                                         ("kernel",)).as_dict()
+        for record in identity.values():
+            for side in ("a", "b"):
+                record[side]["manifest"] = str(Path(record[side]["manifest"]).relative_to(stage))
+        result = compare_runs([read_run(f) for f in folders["a"]], [read_run(f) for f in folders["b"]], identity)
+        atomic.write_text(stage / RESULT_FILE, result.to_json())
+        write_manifest(stage, "replay", combined_predicate(
+            {"a": folders["a"][0], "b": folders["b"][0]},
+            {"replay": "greedy-agreement", "engine": "vllm", "windows": list(chosen), "prompt_tokens": prompt_tokens,
+             "new_tokens": new_tokens, "runs_per_arm": runs,
+             "runs": "each run a cold vLLM engine start, interleaved a-1, b-1, a-2, b-2, ..."}))
+    return result
 
 
 def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
@@ -343,3 +432,24 @@ def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
             {"a": stage / "arm-a", "b": stage / "arm-b"},
             {"replay": "teacher-forced-pair", "engine": "vllm", **span.as_dict(), "layout": PAIR_LAYOUT}))
     return 0
+
+
+def finalize_server_capture(raw_root: str | os.PathLike, out: str | os.PathLike, *, model_dir: str | os.PathLike,
+                            log: str, parameters: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The capture folder `out` (atomically) from what the plugin recorded under `raw_root` (ALIBI_CAPTURE_DIR) while
+    `vllm serve` ran on `model_dir`; `log`: the server's output (its "Selected" lines evidence the kernel).
+    Run it after the server has stopped."""
+    import shutil
+
+    from alibi import atomic
+    from alibi.governance.manifest import resource
+
+    raw_root = Path(raw_root)
+    if not any(raw_root.glob("raw-*/calls.jsonl")):
+        raise InputError(f"{raw_root}: holds no recorded calls; start `vllm serve` with ALIBI_CAPTURE_DIR={raw_root} "
+                         "and send it a request first")
+    with atomic.staged_dir(out) as stage:
+        shutil.copytree(raw_root, stage / ".raw")
+        version = require_vllm()
+        return write_capture(stage, stage / ".raw", log, {"checkpoint": resource("checkpoint", model_dir)}, None,
+                             {"name": "vllm", "version": version, "served_by": "vllm serve"}, parameters or {})
