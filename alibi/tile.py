@@ -166,11 +166,6 @@ def save_tile(tile: Tile, path: str | Path) -> Path:
     return atomic.write_bytes(path, tile_bytes(tile))
 
 
-# The safetensors dtype names a tile's tensors may have (alibi.safetensors_header reads them from the header).
-_HEADER_DTYPES = {"a_q": ("I8", "F8_E4M3"), "w_q": ("I8", "F8_E4M3"), "s_a": ("F32",), "s_w": ("F32",),
-                  "bias": ("BF16", "F16", "F32")}
-
-
 def load_tile(path: str | Path) -> Tile:
     """Read and validate one tile file; InputError names the file and what is wrong (`read_tile`)."""
     return read_tile(path)[0]
@@ -197,10 +192,10 @@ def read_tile(path: str | Path) -> tuple[Tile, str]:
     if extra:
         raise InputError(f"{where}: unknown tensor(s) {one_line(', '.join(extra))[:200]}; a tile holds a_q, s_a, w_q, "
                          "s_w, bias")
-    for tensor, entry in header.tensors.items():  # before the library parses them (it raises KeyError on some)
-        if entry.dtype not in _HEADER_DTYPES[tensor]:
-            raise InputError(f"{where}: tensor {tensor} has dtype {shown(entry.dtype)}; a tile's {tensor} is "
-                             f"{' or '.join(_HEADER_DTYPES[tensor])}")
+    for tensor, entry in header.tensors.items():  # before the library parses them (it raises KeyError on these)
+        if entry.dtype not in _SAFETENSORS_DTYPE.values():
+            raise InputError(f"{where}: tensor {tensor} has dtype {shown(entry.dtype)}, which no tile tensor has (a_q "
+                             "and w_q: int8 or float8_e4m3fn; s_a, s_w: float32; bias: bfloat16, float16 or float32)")
     a_shape, w_shape = header.tensors["a_q"].shape, header.tensors["w_q"].shape
     if len(a_shape) == 2 and len(w_shape) == 2:
         check_gemm_size(a_shape[0], a_shape[1], w_shape[0], where)

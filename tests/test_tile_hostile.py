@@ -182,10 +182,11 @@ def _with_dtype(tile: Tile, tensor: str, dtype: str) -> bytes:
     return _raw(header, data[8 + n:])
 
 
-@pytest.mark.parametrize("dtype", ["F8_E8M0", "F4", "F8_E5M2", "U8"])
+@pytest.mark.parametrize("dtype", ["F8_E8M0", "F4"])
 def test_a_tile_whose_header_declares_an_operand_dtype_no_tile_has_is_one_line_naming_it(tmp_path, capsys, dtype):
     """Issue 26: F8_E8M0 (a dtype safetensors.torch has no torch name for) ended in a KeyError traceback
-    from the library; the header's dtypes are now checked before the library reads the tensors."""
+    from the library; a header dtype that maps to no torch dtype a tile could hold is now refused before
+    the library reads the tensors (dtypes torch knows keep their own messages, from `Tile.validate`)."""
     from alibi.cli import main
 
     folder = tmp_path / "tiles"
