@@ -6,6 +6,7 @@ W=/tmp/alibi; mkdir -p "$W"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz && tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+. analysis/h200/kernel_pins.sh
 python -m alibi conform --out "$OUT/default" > "$OUT/default.txt" 2>&1; echo "default rc=$?"; tail -18 "$OUT/default.txt"
 python - "$W/fp8tiles" <<'PY'
 """fp8 e4m3 tiles from the synthetic qwen3-1.7b operands: per-token and per-channel scales amax/448."""

@@ -34,6 +34,7 @@ mkdir -p "$W"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/cutlass_include" ] || tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+. analysis/h200/kernel_pins.sh
 R=$OUT/$STAGE
 mkdir -p "$R"
 cp SOURCE_COMMIT "$R/"

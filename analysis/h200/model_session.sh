@@ -22,6 +22,7 @@ if [ "$STAGE" = prep ]; then cp gpu_payload/smollm2.gguf.part-aa "$W/"; ls -la "
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz && tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+. analysis/h200/kernel_pins.sh
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv; nvcc --version | tail -2
   python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"; } > "$OUT/env.txt" 2>&1

@@ -16,6 +16,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/cutlass_include" ] || tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz
 [ -d "$W/alibi_cache" ] || tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+. analysis/h200/kernel_pins.sh
 R=$OUT/positive_controls
 mkdir -p "$R"
 { nvidia-smi --query-gpu=name,driver_version --format=csv; nvcc --version | tail -2

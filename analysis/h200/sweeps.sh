@@ -30,6 +30,7 @@ if [ -z "${ALIBI_CUTLASS_INCLUDE:-}" ] && [ -f gpu_payload/cutlass_include.tar.x
   [ -d "$W/cutlass_include" ] || tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz
   [ -d "$W/alibi_cache" ] || tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
   export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+  . analysis/h200/kernel_pins.sh
   echo "CUTLASS headers and kernel cache unpacked from gpu_payload/ into $W"
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
