@@ -198,3 +198,12 @@ def test_a_kill_during_the_clean_up_leaves_nothing_the_next_run_does_not_remove(
     left[0].rename(dead)
     assert main(_argv(out)) == 0
     assert [p for p in out.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_resume_without_a_plan_and_a_bad_input_prints_only_the_error(tmp_path, capsys):
+    """The "starting afresh" notice comes once every input is checked: bad input stays one line."""
+    out = tmp_path / "report"
+    assert main(["conform", *EMU, "--synthetic", "nope", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown synthetic preset" in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -89,12 +89,9 @@ def run(args: argparse.Namespace) -> int:
     if args.verify_units and not args.resume:
         raise InputError("--verify-units recomputes the units a resumed run reads from disk: give --resume too")
     units = units_dir(args.out)
-    resume = args.resume
-    if resume and not (units / "plan.json").is_file():
-        # A kill before the plan was written (or after the report replaced the units) leaves nothing to continue.
-        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json): "
-              "starting afresh", file=sys.stderr)
-        resume = False
+    # A kill before the plan was written (or after the report replaced the units) leaves nothing to continue:
+    # --resume then starts afresh, and says so once every input is checked.
+    resume = args.resume and (units / "plan.json").is_file()
     replay = None if args.replay is None else load_replay(
         args.replay, DEFAULT_FLIP_THRESHOLD if args.flip_threshold is None else args.flip_threshold)
     if args.tiles is not None:
@@ -109,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         from alibi.shard import require_ray
 
         require_ray()
+    if args.resume and not resume:
+        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json): "
+              "starting afresh", file=sys.stderr)
     if not args.quiet:
         print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source.record['label']}, {len(source.tiles)} "
               f"tiles × {len(regimes)} regimes" + (" (resuming)" if resume else ""), file=sys.stderr)
