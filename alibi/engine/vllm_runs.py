@@ -241,7 +241,8 @@ def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
 # --- teacher-forced -------------------------------------------------------------------------------
 
 def records_from_prompt_logprobs(window: int, ids, rows, context: int, positions: int):
-    """TokenRecords of one window from vLLM's prompt_logprobs rows (one per prompt token; row p: {id: logprob})."""
+    """TokenRecords of one window from vLLM's prompt_logprobs rows (one per fed token; row p: {id: logprob});
+    `ids`: the whole window (its digest is the record's `prompt_sha256`, as in the own runner)."""
     from alibi.replay.records import TokenRecord, window_sha256
 
     out = []
@@ -293,7 +294,8 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
         kernel_name = swap or native_kernel_name(engine)
         records = []
         for w, rows in zip(span.windows, run.result["results"]):
-            records += records_from_prompt_logprobs(w, prompts.input_ids[w, :span.fed], rows, span.context,
+            # the whole window, as the own runner digests it (`prompt_sha256` joins arms of both runners)
+            records += records_from_prompt_logprobs(w, prompts.input_ids[w], rows, span.context,
                                                     span.positions)
         result = ArmRecords(kernel=kernel_name, context=span.context, positions=span.positions, windows=span.windows,
                             records=tuple(records))

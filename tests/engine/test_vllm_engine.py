@@ -128,6 +128,11 @@ def test_the_two_vllm_arms_differ_only_in_the_kernel_and_join_in_the_flip_analys
 
     a, b = read_records(pair / "arm-a"), read_records(pair / "arm-b")
     assert (a.kernel, b.kernel) == ("vllm-cpu-onednn", "torch-cpu")
+    from alibi.model.prompts import load_prompt_set
+    from alibi.replay.records import window_sha256
+
+    # the whole window's digest, as the own runner records it, so a vLLM arm joins an own-runner arm
+    assert a.records[0].prompt_sha256 == window_sha256(load_prompt_set(PROMPTS).input_ids[0])
     assert len(a.records) == len(b.records) == 32
     record = require_identity(pair / "arm-a", pair / "arm-b", treatment=("kernel",))
     assert record.verified and all(k.startswith("predicate.treatment.") for k in record.differing)
