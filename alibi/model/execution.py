@@ -8,6 +8,11 @@ what was measured on the H200 (torch 2.11, SmolLM2-135M shapes, 64 prompts × 12
   the attention core (`scaled_dot_product_attention`); prompt 0 alone and inside a batch of 64 differ
   at the first decode step; and prefill and decode of one prompt differ at the attention core and
   once at an RMSNorm (`analysis/results/h200/tokens-exploratory`);
+- the culprit at decode is cuDNN's attention, which SDPA picks by default there: 2 distinct outputs
+  in 50 identical calls and row 0 batch-variant, where flash, efficient and math each gave one output
+  and a batch-invariant row 0 (`analysis/results/h200/determinism/probe/sdpa-probe.json`); and with
+  those, chunked prefill still differs from one prefill, first at an RMSNorm (torch's mean changes
+  its reduction with the number of rows: `…/determinism/study/variations-native`);
 - `torch.use_deterministic_algorithms(True)` or SDPA's math backend make runs reproduce and batch
   size irrelevant at decode, but no library setting promises that a prefill, a chunked prefill and
   a decode step give one token the same bits.
