@@ -14,6 +14,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, required=True, help="prompt set folder (`alibi prompts build`)")
     p.add_argument("--kernel", help="kernel for a W8A8 checkpoint's Linears (required there; not for dense)")
     p.add_argument("--device", help="device for the model (default: the kernel's, CPU for dense)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="the libraries' own attention, norms and dense Linears instead of the deterministic runner")
     p.add_argument("--windows", type=int, help="use only the first N windows (default all)")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -63,12 +65,13 @@ def _load(args: argparse.Namespace):
     checked = verified_checkpoint(args.model)
     require_tokenizer_match(prompts, args.model)
     start = time.perf_counter()
-    lm = load_model(args.model, args.kernel, args.device)
+    lm = load_model(args.model, args.kernel, args.device, deterministic=not args.nondeterministic)
     _say(args, f"loaded {args.model} ({'kernel ' + lm.kernel.name if lm.kernel else 'dense bf16'}, {lm.device}) in "
                f"{time.perf_counter() - start:.1f} s")
     record = {"model": str(args.model), "model_tensors_sha256": checked["tensors_sha256"],
               "prompts": str(args.prompts), "prompts_sha256": prompts.digest,
-              "kernel": lm.kernel.name if lm.kernel else None, "device": str(lm.device)}
+              "kernel": lm.kernel.name if lm.kernel else None, "device": str(lm.device),
+              "execution": lm.execution.as_dict()}
     return lm, prompts, record
 
 
