@@ -244,15 +244,22 @@ def token_level_risk(flip_rate: float | None = None, bound: float | None = None,
 
 
 # extended ------------------------------------------------------------------------------------
-def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor | None]]) -> Verdict:
+def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor | None]],
+                   names: dict[str, str] | None = None) -> Verdict:
     """Fires when an arm's output differs in any bit from the output of its declared epilogue model.
 
     `arms` maps an arm label to (declared model name, actual output, model output); an arm without
-    a declared model (or without a model output, e.g. fp8) is not judged, and if no arm can be
-    judged the check is inapplicable.
+    a model output (e.g. an fp8 arm that exposes no accumulator) is not judged, and if no arm can
+    be judged the check is inapplicable. An arm that declares *no* model makes the check
+    inapplicable even when the other arm is judged and holds: the claim "each arm equals its
+    declared model" would be false of it, and the strongest check would be silently bypassed
+    (`alibi identify` finds which model it follows). A judged arm that deviates still fires.
+    names: each arm's kernel name, for the message.
     """
-    judged, bad, unjudged = {}, {}, []
+    judged, bad, unjudged, undeclared = {}, {}, [], []
     for arm, (model, out, expected) in arms.items():
+        if model is None:
+            undeclared.append(arm)
         if model is None or expected is None:
             unjudged.append(arm)
             continue
@@ -263,6 +270,9 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
             bad[arm] = {"model": model, "n_differing": int(differs.sum()), "first": _first_mismatch(differs),
                         "max_ulp": int(d.max()) if d.numel() else None}
     ev = {"models": judged, "not_judged": unjudged, **({"violations": bad} if bad else {})}
+    if undeclared and not bad:
+        return inapplicable("epilogue-model", undeclared_model_reason(undeclared, names),
+                             evidence={**ev, "reason": "undeclared", "undeclared": undeclared})
     if not judged:
         return inapplicable("epilogue-model", "no arm declares an epilogue model that can be evaluated here",
                              evidence=ev)
@@ -271,6 +281,14 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
                                                   f"{v['n_differing']} elements" for arm, v in bad.items()),
                       evidence=ev)
     return passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
+
+
+def undeclared_model_reason(arms: list[str], names: dict[str, str] | None = None) -> str:
+    """Why a check that needs every arm's declared epilogue model decided nothing: which arms declare none
+    (`names`: each arm's kernel name, to name it too)."""
+    which = " and ".join(f"arm {a}" + (f" (`{names[a]}`)" if names and a in names else "") for a in arms)
+    return (f"{which} declare{'s' if len(arms) == 1 else ''} no epilogue model: run `alibi identify` to find "
+            "which model to declare")
 
 
 def predicted_differences(observed: torch.Tensor, predicted: torch.Tensor | None, why_not: str = "",

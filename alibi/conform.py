@@ -313,11 +313,13 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
                 exact = exact + t.bias.to(torch.float64).reshape(1, -1)
     with stage("checks"):
         differs = ~bitwise_equal_mask(out_a, out_b)
+        names = {"a": kernel_a.name, "b": kernel_b.name}
         if not int8:
             predicted, why_not, cause = None, f"{t.fmt} accumulation order is implementation-defined: the declared " \
                 "models predict no exact set of differences", None
         elif ma is None or mb is None:
-            predicted, why_not, cause = None, "an arm declares no epilogue model", None
+            predicted, why_not, cause = None, checks.undeclared_model_reason(
+                [arm for arm, m in (("a", ma), ("b", mb)) if m is None], names), None
         else:
             predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
             cause = difference_cause(ma, mb, expect_a, expect_b, acc, t) if bool(predicted.any()) else None
@@ -340,7 +342,7 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
                                         near=None if floor_and_mask is None else floor_and_mask[1]),
             checks.token_level_risk(),
             checks.epilogue_model({"a": (ma.name if ma else None, out_a, expect_a),
-                                   "b": (mb.name if mb else None, out_b, expect_b)}),
+                                   "b": (mb.name if mb else None, out_b, expect_b)}, names),
             checks.predicted_differences(differs, predicted, why_not, cause),
         ]
     if regime == "real" and invariance:

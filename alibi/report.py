@@ -24,7 +24,7 @@ from xml.etree import ElementTree as ET
 
 from alibi import atomic
 from alibi.errors import one_line
-from alibi.results import Report, UnitResult
+from alibi.results import KernelRecord, Report, UnitResult
 from alibi.verdict import CHECKS
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
@@ -98,10 +98,16 @@ def units_from_disk_line(report: Report) -> str | None:
     return f"units from disk: {n:,} of {report.source.get('units', len(report.tiles)):,} read from an earlier run, {how}"
 
 
+def equivalence_words(report: Report) -> str:
+    """The report's `equivalence` as words next to the verdict: what the outputs are, not a second verdict
+    (`FAIL (bitwise)` read as a contradiction)."""
+    return "outputs bitwise equal" if report.equivalence == "bitwise" else "outputs not bitwise equal"
+
+
 def summary_lines(report: Report) -> list[str]:
     """The human-readable summary printed at the end of `alibi conform`."""
     a, b = report.kernel_a, report.kernel_b
-    lines = [f"alibi conform: {a.name} ({a.epilogue_model}) vs {b.name} ({b.epilogue_model})",
+    lines = [f"alibi conform: {a.name} ({declared(a)}) vs {b.name} ({declared(b)})",
              f"  why this pair: {report.selection}",
              f"  arm a runs as: {a.how}", f"  arm b runs as: {b.how}",
              f"  source: {report.source.get('label', report.source)}; regimes: {', '.join(report.regimes)}"]
@@ -113,10 +119,21 @@ def summary_lines(report: Report) -> list[str]:
         lines.append(f"  {totals.line(width=5)}")
     if (ex := explanation(report)) is not None:
         lines.append(f"  {ex.line()}")
-    lines.append(f"  verdict: {report.verdict.upper()} ({report.equivalence})")
+    lines.append(f"  verdict: {report.verdict.upper()} ({equivalence_words(report)})")
     for why in report.inconclusive_because:
         lines.append(f"    inconclusive: {why}")
     return lines
+
+
+def declared(kernel: KernelRecord) -> str:
+    """An arm's declared epilogue model as the reports print it (never Python's `None`)."""
+    return kernel.epilogue_model or "declares no epilogue model"
+
+
+def undeclared_arms(report: Report) -> list[str]:
+    """`arm a (`name`)` for each arm that declares no epilogue model."""
+    return [f"arm {arm} (`{k.name}`)" for arm, k in (("a", report.kernel_a), ("b", report.kernel_b))
+            if k.epilogue_model is None]
 
 
 def why_sentence(report: Report) -> str:
@@ -133,6 +150,12 @@ def why_sentence(report: Report) -> str:
     differing = sum(t.differing for t in totals.values())
     fp8 = any(u.fmt != "int8" for u in report.tiles)
     model = report.check("epilogue-model")
+    undeclared = undeclared_arms(report)
+    if undeclared and model.status != "fired":
+        who = " and ".join(undeclared)
+        agree = "The arms agree in every bit, but " if differing == 0 else "The differences cannot be attributed: "
+        return (f"{agree}{who} declare{'s' if len(undeclared) == 1 else ''} no epilogue model, so no claim is made "
+                "about which epilogue it computes; run `alibi identify` to find which model to declare.")
     if model.status == "fired":
         return (f"At least one arm does not equal its declared epilogue model ({model.detail}), so the "
                 "differences are not explained by the declared epilogues: that is a finding, not an expected "
@@ -199,7 +222,7 @@ def to_markdown(report: Report) -> str:
     a, b = report.kernel_a, report.kernel_b
     seed_text = f"seed {report.seed}" if report.seed is not None else "no seed (the tiles were given, not drawn)"
     out = [f"# Conformance report: `{a.name}` vs `{b.name}`", "",
-           f"**Verdict: {report.verdict}** ({report.equivalence})."
+           f"**Verdict: {report.verdict}** ({equivalence_words(report)})."
            + (f" Created {report.created_at}." if report.created_at else ""), ""]
     out += [f"- {t.line()}" for t in regime_totals(report)]
     if (ex := explanation(report)) is not None:
@@ -207,9 +230,10 @@ def to_markdown(report: Report) -> str:
     out += ["", f"**Why:** {why_sentence(report)}", ""]
     for why in report.inconclusive_because:
         out.append(f"- inconclusive: {why}")
-    out += [f"- arm a: `{a.name}`, declared epilogue `{a.epilogue_model}`, runs as: {a.how}",
-            f"- arm b: `{b.name}`, declared epilogue `{b.epilogue_model}`, runs as: {b.how}",
-            f"- pair chosen: {report.selection}",
+    out += [f"- arm {arm}: `{k.name}`, " + (f"declared epilogue `{k.epilogue_model}`" if k.epilogue_model else
+                                            "declares no epilogue model (run `alibi identify`)") + f", runs as: {k.how}"
+            for arm, k in (("a", a), ("b", b))]
+    out += [f"- pair chosen: {report.selection}",
             f"- source: {report.source.get('label')}; {seed_text}; regimes {', '.join(report.regimes)}",
             *([f"- {line}"] if (line := units_from_disk_line(report)) is not None else []),
             "", "## Checks", "", "| check | status | threshold | detail |", "|---|---|---|---|"]
