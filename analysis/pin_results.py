@@ -28,7 +28,9 @@ RESULTS = REPO / "analysis" / "results"
 KIND = "results"
 CREATED_AT = "2026-12-02T00:00:00Z"
 # result folder (relative to RESULTS) -> the protocol folder it was measured under
-PREREGISTERED = {"h200/tokens": "prereg/smollm2-token-transfer"}  # when the manifests were written (fixed: a re-run gives the same bytes)
+PREREGISTERED = {"h200/tokens": "prereg/smollm2-token-transfer",
+                 # amendment 1 of the same protocol (analysis/results/h200/determinism/README.md)
+                 **{f"h200/determinism/{part}": "prereg/smollm2-token-transfer" for part in ("greedy", "probe", "study")}}  # when the manifests were written (fixed: a re-run gives the same bytes)
 
 
 def source_commit(folder: Path) -> str:

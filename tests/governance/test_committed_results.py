@@ -88,6 +88,22 @@ def test_a_result_that_names_its_commit_in_a_text_file_has_a_manifest_pinning_th
     assert toolkit["source_digest"]["sha256"] == commit_source_digest(REPO, commit)
 
 
+@pytest.mark.parametrize("folder, judged", [("h200/tokens", "h200/tokens/criteria.json"),
+                                            ("h200/determinism/greedy", "h200/determinism/criteria.json")])
+def test_a_pre_registered_result_pins_the_lock_and_amendments_it_was_measured_under(folder, judged):
+    """Issue 26: the manifests of a pre-registered run did not record the lock hash; each such folder's
+    manifest carries the protocol record of the commit it names, which equals the record the locked
+    criteria were judged against (lock and amendment head)."""
+    import json
+
+    from alibi.governance.manifest import read_manifest
+
+    protocol = read_manifest(RESULTS / folder).predicate["protocol"]
+    record = json.loads((RESULTS / judged).read_text())["protocol"]
+    assert {k: protocol[k] for k in ("folder", "lock_sha256", "head_sha256", "amendments")} == \
+        {k: record[k] for k in ("folder", "lock_sha256", "head_sha256", "amendments")}
+
+
 def test_the_pre_registered_token_study_pins_the_lock_it_was_measured_under():
     """Issue 26: its manifests did not record the lock hash; the folder's manifest now carries the protocol
     record of the commit it names, which equals the lock hash the locked criteria were judged against."""
