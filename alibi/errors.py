@@ -1,9 +1,10 @@
 """The ways a request can fail other than a check firing, each with its own exit code.
 
 A check that *fires* is not an error: it is a result (exit 1). These exceptions are for input the
-toolkit refuses (exit 2), for kernels that cannot run on this machine (exit 3) and for a shard of a
-sharded run that failed otherwise (exit 4). Messages name
-the offending input and say what to do; the CLI prints them on one line.
+toolkit refuses (exit 2), for kernels that cannot run on this machine (exit 3), and for a kernel that
+raised while it ran or a shard of a sharded run that failed otherwise (exit 4). Messages name the
+offending input and say what to do; the CLI prints them on one line. CI can tell the outcomes apart:
+0 pass, 1 a check fired, 2 bad input, 3 kernel unavailable, 4 a kernel raised (or a worker died).
 """
 
 import reprlib
@@ -26,6 +27,11 @@ class WorkerFailed(RuntimeError):
     (exit 3): a kernel raised inside a worker, or a worker process died (exit code 4; `alibi.shard`)."""
 
     exit_code = 4
+
+
+class KernelRaised(WorkerFailed):
+    """A kernel under test raised while it ran (a plugin's bug, a device fault): not a finding about its bits
+    but a failure to produce them (exit code 4, like a failed worker)."""
 
 
 def one_line(text: str) -> str:

@@ -9,7 +9,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from alibi import atomic
-from alibi.errors import InputError, one_line
+from alibi.errors import InputError, KernelRaised, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.limits import check_seed
 from alibi.report import summary_lines, write_reports
@@ -115,9 +115,12 @@ def run(args: argparse.Namespace) -> int:
     parameters = {"regimes": regimes, "ulp_threshold": args.ulp_threshold, "invariance": not args.no_invariance,
                   **({"flip_threshold": replay.bound} if replay is not None else {})}
     plan_parameters = {"replay": None if replay is None else replay.resource()}
-    with _no_debris(units, args.out, fresh=not resume):
-        report, parameters = _units_and_report(args, pair, source, regimes, units, resume, replay, parameters,
-                                               plan_parameters)
+    try:
+        with _no_debris(units, args.out, fresh=not resume):
+            report, parameters = _units_and_report(args, pair, source, regimes, units, resume, replay, parameters,
+                                                   plan_parameters)
+    except KernelRaised as exc:  # exit 4, one line: what raised, and what was kept for --resume
+        raise KernelRaised(f"{exc}; {_interrupted(args)}") from None
     # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
     # report (or none), never some of the new files; the finished units go only after that, in one rename
     # (alibi.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run removes.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from alibi.emulator import ORDERS, EpilogueModel
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.kernels.base import Kernel, KernelOutput
 
 # name -> "module:attribute" of a zero-argument factory, imported only when asked for.
@@ -99,12 +99,26 @@ def get_kernel(name: str) -> Kernel:
         return parse_mutant(name)
     plugins = _plugins()
     if name in plugins:
-        kernel = plugins[name].load()()  # type: ignore[attr-defined]
-        if not isinstance(kernel, Kernel):
-            raise InputError(f"plugin kernel {name!r} did not return an alibi.kernels.Kernel")
-        return kernel
+        return _load_plugin(name, plugins[name])
     raise InputError(f"unknown kernel {name!r}; known kernels: {', '.join(kernel_names())} "
                      "(see 'alibi kernels')")
+
+
+def _load_plugin(name: str, entry_point: object) -> Kernel:
+    """The kernel a third-party package registers, or an `UnavailableKernel` saying in one line why it cannot be
+    loaded (a missing module, a factory that raises, an object that is not a `Kernel`): one broken package must
+    not hide every other kernel, and its failure is not a finding (`alibi conform` exits 3 naming it)."""
+    target = getattr(entry_point, "value", "?")
+    try:
+        kernel = entry_point.load()()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - foreign code: any failure to load is the reason it is unavailable
+        return UnavailableKernel(name, f"plugin entry point {name} = {target!r} cannot be loaded "
+                                       f"({type(exc).__name__}: {one_line(str(exc))[:200]}); fix or uninstall "
+                                       "the package that registers it")
+    if not isinstance(kernel, Kernel):
+        return UnavailableKernel(name, f"plugin entry point {name} = {target!r} returned {type(kernel).__name__}, "
+                                       "not an alibi.kernels.Kernel; fix the package that registers it")
+    return kernel
 
 
 def _emulator(name: str) -> Kernel:

@@ -8,13 +8,15 @@ this machine says why through `available()` and is never silently replaced by an
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from alibi.emulator import EpilogueModel
-from alibi.errors import KernelUnavailable
+from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, shown
 from alibi.tile import Tile
 
 
@@ -99,19 +101,33 @@ class Kernel:
         """
         self.require_available()
         if tile.fmt not in self.formats:
-            from alibi.errors import InputError
             raise InputError(f"kernel {self.name!r} handles {', '.join(self.formats)} tiles; "
                              f"tile {tile.name!r} is {tile.fmt}")
         dev = self.torch_device()
         ops = {k: (None if v is None else v.to(dev)) for k, v in operands(tile).items()}
-        out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
-        ev = self.evidence() if evidence else {}
-        acc = self.accumulator(ops["a_q"], ops["w_q"]) if accumulator else None
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        with raised_as_kernel_failure(self.name, tile.name):
+            out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
+            ev = self.evidence() if evidence else {}
+            acc = self.accumulator(ops["a_q"], ops["w_q"]) if accumulator else None
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
         if not on_device:
             out, acc = out.cpu(), (None if acc is None else acc.cpu())
         return KernelOutput(out=out, acc=acc, evidence=ev)
+
+
+@contextmanager
+def raised_as_kernel_failure(kernel: str, tile: str) -> Iterator[None]:
+    """Turn an exception a kernel raises while it runs into `KernelRaised` (exit 4), one line naming the kernel,
+    the tile and the error: a crash must not read as a finding (exit 1) or end in a traceback. A kernel's own
+    refusals (InputError, KernelUnavailable) and MemoryError keep their meaning and pass through."""
+    try:
+        yield
+    except (InputError, KernelUnavailable, KernelRaised, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other exception of third-party code is the kernel's failure
+        raise KernelRaised(f"kernel {kernel!r} raised on tile {shown(tile)}: {type(exc).__name__}: "
+                           f"{one_line(str(exc))[:300]}") from exc
 
 
 OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")

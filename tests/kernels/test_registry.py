@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from alibi.errors import InputError
+from alibi.errors import KernelUnavailable
 
 PLUGIN = textwrap.dedent('''
     import torch
@@ -55,11 +55,30 @@ def test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform(install
     assert report.equivalence == "bitwise" and report.kernel_a.name == "acme-int8"
 
 
-def test_an_entry_point_that_does_not_return_a_kernel_is_refused(installed_plugin):
+def test_an_entry_point_that_does_not_return_a_kernel_is_unavailable_naming_it(installed_plugin):
     from alibi.kernels import get_kernel
 
-    with pytest.raises(InputError, match="plugin kernel 'acme-broken' did not return an alibi.kernels.Kernel"):
-        get_kernel("acme-broken")
+    kernel = get_kernel("acme-broken")
+    ok, reason = kernel.available()
+    assert not ok and "acme-broken = 'acme_kernels:not_a_kernel' returned object, not an alibi.kernels.Kernel" in reason
+    with pytest.raises(KernelUnavailable, match="acme-broken"):
+        kernel.require_available()
+
+
+def test_a_broken_entry_point_leaves_alibi_kernels_working_with_one_line_for_it(installed_plugin, capsys):
+    """A package whose entry point names a missing module: `alibi kernels` still lists every kernel, the broken
+    one on one line as unavailable with the import error, and exits 0 (issue 25, item 5)."""
+    from alibi.cli import main
+
+    info = installed_plugin / "acme_kernels-1.0.dist-info" / "entry_points.txt"
+    info.write_text(info.read_text() + "acme-missing = acme_no_such_module:Kernel\n")
+    assert main(["kernels"]) == 0
+    captured = capsys.readouterr()
+    rows = captured.out.splitlines()
+    missing = [r for r in rows if r.startswith("acme-missing ")]
+    assert len(missing) == 1 and "ModuleNotFoundError" in missing[0] and "acme_no_such_module" in missing[0]
+    assert any(r.startswith("acme-int8 ") for r in rows) and any(r.startswith("torch-cpu ") for r in rows)
+    assert "Traceback" not in captured.err
 
 
 def test_the_cli_runs_a_plugin_kernel_installed_in_another_process(installed_plugin, tmp_path):

@@ -1,0 +1,74 @@
+"""A kernel that raises while it runs is a failure to produce bits, not a finding: `alibi conform` ends with one
+line naming the kernel and the error, exit 4 (1 means a check fired), and keeps the finished units for
+`--resume` (issue 25, item 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from faulty_kernels import Reference
+
+from alibi.cli import main
+from alibi.errors import KernelRaised, WorkerFailed
+from alibi.kernels import register
+from alibi.synthetic import synthetic_tiles
+
+
+class RaisesOnOneTile(Reference):
+    """A correct a_then_w kernel with a bug on one tile shape (`broken_n` columns), until it is fixed."""
+
+    name = "raises-on-one-tile"
+    broken_n: int | None = None
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=None):
+        if w_q.shape[0] == RaisesOnOneTile.broken_n:
+            raise IndexError("tile index 3 out of range\nin block (0, 1)")
+        return super().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
+
+
+@pytest.fixture
+def raising(monkeypatch):
+    register("test-raises", RaisesOnOneTile)
+    last = synthetic_tiles("tiny", seed=0)[-1]
+    monkeypatch.setattr(RaisesOnOneTile, "broken_n", last.N)
+    return ["conform", "--kernel-a", "test-raises", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny"]
+
+
+def test_a_kernel_that_raises_during_conform_gives_one_line_and_exit_4(tmp_path, capsys, raising):
+    assert main([*raising, "--out", str(tmp_path / "r"), "--quiet"]) == KernelRaised.exit_code == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    line = err[0]
+    assert line.startswith("alibi: error: kernel 'raises-on-one-tile' raised on tile ")
+    assert "IndexError: tile index 3 out of range\\nin block (0, 1)" in line and "Traceback" not in line
+    assert "finished unit(s) kept" in line and "--resume" in line
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_the_units_finished_before_a_kernel_raised_are_kept_for_resume(tmp_path, capsys, raising, monkeypatch):
+    out = tmp_path / "r"
+    assert main([*raising, "--out", str(out), "--quiet"]) == 4
+    monkeypatch.setattr(RaisesOnOneTile, "broken_n", None)  # the kernel is fixed
+    assert main([*raising, "--out", str(out), "--quiet", "--resume"]) == 0
+    source = json.loads((out / "report.json").read_text())["source"]
+    assert source["units_from_disk"] >= 1
+
+
+def test_a_kernel_refusing_its_input_keeps_its_exit_code_2_not_4(tmp_path, capsys):
+    from alibi.errors import InputError
+
+    class Refuses(Reference):
+        name = "refuses"
+
+        def scaled_mm(self, *a, **k):
+            raise InputError("refuses: bias must be bf16; convert it")
+
+    register("test-refuses", Refuses)
+    assert main(["conform", "--kernel-a", "test-refuses", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny",
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "bias must be bf16" in capsys.readouterr().err
+
+
+def test_a_raised_kernel_is_a_worker_failure_for_ci_not_a_finding():
+    assert issubclass(KernelRaised, WorkerFailed) and KernelRaised.exit_code not in (0, 1, 2, 3)
