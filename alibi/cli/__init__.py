@@ -2,8 +2,9 @@
 
 Each command group lives in its own module under `alibi/cli/` and exposes `register(subparsers)`,
 which adds its parser and sets `func` (called with the parsed namespace, returning an exit code).
-Exit codes: 0 all applicable checks pass, 1 a check fired, 2 bad input or usage, 3 a requested
-kernel is unavailable here, 130 interrupted (Ctrl-C).
+Exit codes (`EXIT_CODES`, printed by `alibi --help`): 0 no check fired, 1 a check fired (or an
+inconclusive verdict under --strict), 2 bad input or usage, 3 a requested kernel is unavailable here,
+4 a kernel raised while it ran (or a worker died), 130 interrupted (Ctrl-C).
 
 Command modules import torch and the other heavy libraries inside their command functions, so
 `alibi --help` and `alibi --version` start in a fraction of a second (a test holds this for every
@@ -15,7 +16,9 @@ continue) next to `func`; every other command writes its outputs only once they 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
 
 from alibi import __version__
@@ -47,19 +50,42 @@ COMMAND_MODULES = [
 ]
 
 
+EXIT_CODES = """exit codes:
+  0    no check fired (the verdict is pass, or inconclusive without --strict)
+  1    a check fired: a finding about the kernels' bits (or an inconclusive verdict under --strict)
+  2    bad input or usage: one line naming the input and the fix, nothing written
+  3    a requested kernel is unavailable here (no GPU, a missing package, a broken plugin)
+  4    a kernel raised while it ran, or a worker died: a failure to produce bits, not a finding
+  130  interrupted (Ctrl-C)"""
+
+
+def usage_message(message: str) -> str:
+    """argparse's usage error, with a "did you mean" for a mistyped command instead of the list of every one."""
+    m = re.search(r"argument (\S+): invalid choice: '?([^'\s]*)'? \(choose from (.*)\)$", message)
+    if m is None:
+        return message
+    argument, typed, choices = m.group(1), m.group(2), [c.strip().strip("'") for c in m.group(3).split(",")]
+    close = difflib.get_close_matches(typed, choices, n=1)
+    what = f"{argument}: unknown value" if argument.startswith("-") else "unknown command"
+    return f"{what} {typed!r}; " + (f"did you mean {close[0]!r}?" if close else f"choose from {', '.join(choices)}")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that exits with code 2 and a one-line message on usage errors (its default too)."""
 
     def error(self, message: str) -> None:  # pragma: no cover - exercised through main()
-        self.exit(2, f"alibi: error: {message} (see 'alibi {self.prog.split(' ', 1)[-1]} --help')\n")
+        command = self.prog.split(" ", 1)[1] + " " if " " in self.prog else ""
+        self.exit(2, f"alibi: error: {usage_message(message)} (see 'alibi {command}--help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="alibi", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="alibi", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"alibi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    parser.set_defaults(_commands=sub.choices)
     return parser
 
 
@@ -103,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the command they were given to, not by the top-level parser
+            getattr(args, "_commands", {}).get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
         return int(args.func(args))
     except (InputError, KernelUnavailable, WorkerFailed) as exc:
         print(f"alibi: error: {one_line(str(exc))}", file=sys.stderr)  # a path's newline cannot split it

