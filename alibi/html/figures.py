@@ -114,10 +114,33 @@ def _plain_counts(axis) -> None:
 
 
 def _legend_under_title(ax, ncols: int, handles: list | None = None) -> None:
-    """The legend in the band between the axes and their title (a narrow figure has no room beside the title)."""
+    """The legend in the band between the axes and their title (a narrow figure has no room beside the title);
+    the figure is widened when the legend would reach past its right edge (`_fit_legend`)."""
     extra = {} if handles is None else {"handles": handles}
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False, ncols=ncols,
-              borderaxespad=0.1, handlelength=1.2, **extra)
+    legend = ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False, ncols=ncols,
+                       borderaxespad=0.1, handlelength=1.2, **extra)
+    _fit_legend(ax.figure, legend)
+
+
+LEGEND_MARGIN_IN = 0.1  # between a legend's right end and the figure's edge
+
+
+def _fit_legend(fig, legend) -> None:
+    """Widen `fig` (its margins kept in inches) so that `legend`, anchored to the axes' left edge, ends inside it:
+    a figure sized for a few tiles is narrower than the legend of two regimes, which was cut at the edge."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    right_px = legend.get_window_extent(fig.canvas.get_renderer()).x1
+    width = fig.get_figwidth()
+    over_in = right_px / fig.dpi + LEGEND_MARGIN_IN - width
+    if over_in <= 0:
+        return
+    left_in, right_in = fig.subplotpars.left * width, (1 - fig.subplotpars.right) * width
+    new_width = width + over_in
+    fig.set_figwidth(new_width)
+    fig.subplots_adjust(left=left_in / new_width, right=1 - right_in / new_width)
 
 
 def _swatch(colour: str, label: str):
