@@ -78,8 +78,10 @@ class Explanation:
                 f"{self.predicted_elements:,} predicted differing elements{causes}")
 
 
-def explanation(report: Report) -> Explanation | None:
-    judged = [u for u in report.tiles if u.explained is not None]
+def explanation(report: Report, regime: str | None = None) -> Explanation | None:
+    """Predicted against observed over the report's units (those of `regime` only, when given); None when no unit
+    could be predicted (fp8, or an arm that declares no model)."""
+    judged = [u for u in report.units(regime) if u.explained is not None]
     if not judged:
         return None
     causes = tuple(dict.fromkeys(u.cause for u in judged if u.cause))

@@ -24,7 +24,7 @@ from typing import Any
 from alibi.errors import InputError
 from alibi.html import figures
 from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
-from alibi.report import RegimeTotals
+from alibi.report import RegimeTotals, explanation, why_sentence
 from alibi.html.sections import Section
 
 # v2 (alibi.results) adds predicted/observed and near-zero fields; the page reads the fields both share,
@@ -174,6 +174,9 @@ class Unit:
     differences_count: int | None  # None: this report predates per-element `differences`
     differences_cap: int | None
     differences: tuple[ElementDiff, ...]
+    n_predicted: int | None = None  # predicted against observed (v2 reports; None: no prediction could be made)
+    explained: bool | None = None
+    cause: str | None = None
 
     @property
     def fired(self) -> list[UnitVerdict]:
@@ -205,7 +208,30 @@ class Unit:
                    r.get("M", int), r.get("K", int), r.get("N", int), r.get("n_elements", int),
                    r.get("n_differing", int), r.get("max_ulp", int, optional=True), r.get("bitwise_equal", bool),
                    r.get("max_abs_acc", int, optional=True), r.get("headroom_bits", (int, float), optional=True),
-                   r.get("prediction", str, optional=True), tuple(verdicts), over, count, cap, tuple(elements))
+                   r.get("prediction", str, optional=True), tuple(verdicts), over, count, cap, tuple(elements),
+                   r.get("n_predicted", int, optional=True), r.get("explained", bool, optional=True),
+                   r.get("cause", str, optional=True))
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why the arms differ, as report.md and the terminal say it: the sentence drawn from the checks
+    (`alibi.report.why_sentence`) and, per regime, predicted against observed with the causes named."""
+
+    sentence: str
+    regimes: tuple[tuple[str, str], ...]  # (regime, `Explanation.line()`), regimes with a prediction only
+
+    @classmethod
+    def of(cls, doc: dict[str, Any], where: str) -> Why:
+        from alibi.results import Report
+
+        try:
+            report = Report.from_dict(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{where}: not a conform report this version reads ({str(exc)[:200]}); re-run the "
+                             "command that wrote it") from None
+        lines = tuple((r, ex.line()) for r in report.regimes if (ex := explanation(report, r)) is not None)
+        return cls(why_sentence(report), lines)
 
 
 @dataclass(frozen=True)
@@ -225,6 +251,7 @@ class ConformReport:
     checks: tuple[CheckSummary, ...]
     units: tuple[Unit, ...]
     environment: Mapping[str, Any]
+    why: Why | None = None  # None for v1 reports, written before predicted/explained existed
 
     @classmethod
     def from_json(cls, text: str, where: str = "report.json") -> ConformReport:
@@ -246,7 +273,8 @@ class ConformReport:
                    tuple(r.get("inconclusive_because", list, optional=True, default=[])),
                    r.get("source", dict), r.get("seed", int, optional=True), tuple(r.get("regimes", list)),
                    tuple(CheckSummary.read(c) for c in r.children("checks")),
-                   tuple(Unit.read(u) for u in r.children("tiles")), r.get("environment", dict))
+                   tuple(Unit.read(u) for u in r.children("tiles")), r.get("environment", dict),
+                   Why.of(doc, where) if schema == "alibi.conform/v2" else None)
 
     def totals(self) -> list[RegimeTotals]:
         out = []
@@ -428,5 +456,5 @@ def render_text(text: str, where: str) -> RenderedSection:
 
 SECTION = Section(key="conform", files=REPORT_FILES, render=render_text)
 
-__all__ = ["REPORT_FILES", "SCHEMAS", "SECTION", "ConformReport", "TileRow", "render_report", "render_text",
+__all__ = ["REPORT_FILES", "SCHEMAS", "SECTION", "ConformReport", "Why", "TileRow", "render_report", "render_text",
            "sorted_rows", "tile_rows"]
