@@ -41,6 +41,15 @@ def _source(tiles: Iterable[Tile] | str | Path, seed: int) -> TileSource:
     if isinstance(tiles, str) and tiles in PRESETS:
         return source_from_preset(tiles, seed=seed)
     if isinstance(tiles, str | Path):
+        if not Path(tiles).is_dir():  # neither a preset nor a folder: name both kinds of answer
+            import difflib
+
+            from alibi.errors import InputError, one_line
+
+            close = difflib.get_close_matches(str(tiles), list(PRESETS), n=1)
+            raise InputError(f"tiles {one_line(str(tiles))!r}: neither a synthetic preset nor a folder of tiles"
+                             + (f" (did you mean {close[0]!r}?)" if close else "") + f"; give one of the presets "
+                             f"{', '.join(PRESETS)}, a folder of tile files, or Tile objects")
         return source_from_dir(tiles)
     return source_from_tiles(tiles)
 

@@ -80,3 +80,15 @@ def test_tiles_may_be_given_as_a_folder_or_in_code(tmp_path):
     assert from_folder.source["kind"] == in_code.source["kind"] == "tiles"
     assert from_folder.source["path"] == str(tmp_path) and "path" not in in_code.source
     assert all(torch.equal(t.a_q, b) for t, b in zip(tiles, before, strict=True))  # the caller's tiles are unchanged
+
+
+def test_an_unknown_preset_name_lists_the_presets_and_the_closest_one(tmp_path, monkeypatch):
+    from alibi.errors import InputError
+    from alibi.synthetic import PRESETS
+
+    monkeypatch.chdir(tmp_path)  # no folder called qwen3 here
+    with pytest.raises(InputError) as exc:
+        assert_interchangeable("torch-cpu", "emulator:w_then_a", "qwen3")
+    message = str(exc.value)
+    assert "neither a synthetic preset nor a folder of tiles (did you mean 'qwen3-1.7b'?)" in message
+    assert all(name in message for name in PRESETS)
