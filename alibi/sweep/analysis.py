@@ -48,9 +48,16 @@ def analyze(inputs: list[DepthInput], rows: RowsSweep | None, rows_source: str |
                               kernel_b=None if sweep is None else sweep.kernel_b,
                               bootstrap=bootstrap, bootstrap_seed=bootstrap_seed))
         if progress:
-            progress(f"{item.label}: {fits[-1].status}, selected {fits[-1].selected}")
+            progress(progress_line(item.label, fits[-1]))
     return DepthAnalysis(tuple(i.source for i in inputs), tuple(fits), bootstrap, bootstrap_seed, LEVEL,
                          rows_source, rows)
+
+
+def progress_line(label: str, fits: DepthFits) -> str:
+    """One input's outcome as `analyze depth` prints it: its status and the model selected, or that none was
+    (a status other than `ok`: no model is fitted, never Python's `None`)."""
+    chosen = f"selected {fits.selected}" if fits.selected is not None else "no model selected"
+    return f"{label}: {fits.status}, {chosen}"
 
 
 def write_analysis_folder(analysis: DepthAnalysis, data: list[DepthData], inputs: list[str | Path],
