@@ -129,7 +129,8 @@ def test_ray_local_tasks_write_the_single_process_report_byte_for_byte(straight,
 @pytest.mark.parametrize(("kind", "code", "fragment"), [
     ("input", 2, "(InputError): test kernel refuses K=1536"),
     ("unavailable", 3, "(KernelUnavailable): test kernel has no K=1536 path here"),
-    ("crash", 4, "(RuntimeError): test kernel crashed\\nwith a second line"),
+    ("crash", 4, "(KernelRaised): kernel 'shard-test-fails-on-k' raised on tile 'layers.0.down_proj': RuntimeError: "
+                 "test kernel crashed\\nwith a second line"),
     ("die", 4, "(exited): the worker process exited with code 9 before reporting"),
 ])
 def test_a_failing_worker_fails_the_run_on_one_line_with_its_exit_code_and_keeps_the_finished_units(
