@@ -47,9 +47,11 @@ def _git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
     try:
         done = subprocess.run(["git", "-C", str(repo), *args], input=data, capture_output=True, check=False, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InputError(f"{repo}: cannot run git ({exc}); run this in a git checkout of the toolkit") from None
+        raise InputError(f"{repo}: cannot run git ({exc}); run this in a git checkout of the toolkit, or give one "
+                         "with --repo") from None
     if done.returncode != 0:
-        raise InputError(f"{repo}: git {' '.join(args[:2])} failed: {done.stderr.decode(errors='replace').strip()}")
+        raise InputError(f"{repo}: git {' '.join(args[:2])} failed: {done.stderr.decode(errors='replace').strip()}; "
+                         "give the toolkit's git checkout with --repo PATH")
     return done.stdout
 
 

@@ -71,3 +71,12 @@ def test_a_json_without_a_toolkit_source_digest_is_refused(tmp_path):
     f.write_text("{}")
     with pytest.raises(InputError, match="records no toolkit source digest"):
         find_provenance(f, tmp_path)
+
+
+def test_provenance_outside_a_git_checkout_says_to_give_repo(tmp_path, capsys):
+    not_a_checkout = tmp_path / "copy"
+    not_a_checkout.mkdir()
+    result = _result(tmp_path / "r.json", "0" * 64)
+    assert main(["manifest", "provenance", str(result), "--repo", str(not_a_checkout)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "not a git repository" in err and "--repo PATH" in err
