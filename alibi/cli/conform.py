@@ -111,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
 
         require_ray()
     if args.resume and not resume:
-        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json): "
-              "starting afresh", file=sys.stderr)
+        finished = (args.out / "report.json").is_file()
+        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json"
+              + ("; it holds a finished report, which the new one replaces" if finished else "")
+              + "): starting afresh", file=sys.stderr)
     if not args.quiet:
         print(f"alibi conform: {pair.a.name} vs {pair.b.name} on {source.record['label']}, {len(source.tiles)} "
               f"tiles × {len(regimes)} regimes" + (" (resuming)" if resume else ""), file=sys.stderr)
