@@ -389,7 +389,7 @@ def bias_in_output_dtype(name: str, bias: torch.Tensor | None, n: int, out_dtype
     converted = bias.to(out_dtype)
     if not torch.equal(converted.to(bias.dtype), bias):  # also refuses NaN and values that overflow
         raise InputError(f"kernel {name!r} takes a bias in the output dtype ({str(out_dtype).removeprefix('torch.')}), "
-                         f"as vLLM's cutlass_scaled_mm does; this {str(bias.dtype).removeprefix('torch.')} bias does "
+                         f"as vLLM passes it to its kernels; this {str(bias.dtype).removeprefix('torch.')} bias does "
                          "not convert exactly: use tiles whose bias is in the output dtype "
                          "(alibi.out_bias_probe for identification)")
     return converted.contiguous()
@@ -582,21 +582,16 @@ class VllmTritonKernel(VllmKernel):
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
         M, N = a_q.shape[0], w_q.shape[0]
-        if bias is not None and tuple(bias.shape) != (N,):
-            raise InputError(f"kernel {self.name!r}: bias must have shape [{N}], got {list(bias.shape)}")
-        if bias is not None and bias.dtype != out_dtype:
-            # vLLM's kernel adds the bias after the output cast and fails to compile otherwise (seen on
-            # the H200 with an fp32 bias and bf16 output); vLLM itself always passes it in the output dtype.
-            raise InputError(f"kernel {self.name!r}: vLLM's triton_scaled_mm adds the bias in the output dtype; got a "
-                             f"{str(bias.dtype).removeprefix('torch.')} bias for "
-                             f"{str(out_dtype).removeprefix('torch.')} output: give the bias as {str(out_dtype).removeprefix('torch.')}")
+        # vLLM's kernel adds the bias after the output cast and fails to compile with a bias of another dtype
+        # (seen on the H200 with an fp32 bias and bf16 output); vLLM itself always passes it in the output dtype.
+        # The rule is vllm-cutlass's: a bias that converts exactly is converted, any other is refused.
+        bias_out = bias_in_output_dtype(self.name, bias, N, out_dtype)
         self.last_run = {"op": TRITON_FUNCTION, "M": M,
                          "bias_dtype": None if bias is None else str(bias.dtype).removeprefix("torch.")}
         if M == 0:  # vLLM's launcher asserts M > 0
             return torch.empty((0, N), dtype=out_dtype, device=a_q.device)
         return self.function()(a_q.contiguous(), w_q.contiguous().t(), column_scale(s_a, M, "s_a"),
-                               column_scale(s_w, N, "s_w"), out_dtype,
-                               None if bias is None else bias.contiguous())
+                               column_scale(s_w, N, "s_w"), out_dtype, bias_out)
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

@@ -277,18 +277,21 @@ def test_each_kernel_names_the_vllm_class_that_runs_its_code():
     assert V.kernel_for_vllm_class("MarlinFP8ScaledMMLinearKernel") is None
 
 
-def test_vllm_triton_refuses_a_bias_not_in_the_output_dtype_before_calling_vllm(monkeypatch):
+def test_vllm_triton_takes_a_bias_by_the_vllm_cutlass_rule_converted_only_when_exact(monkeypatch):
     """vLLM's triton_scaled_mm adds the bias after the output cast and fails to compile with, e.g., an
-    fp32 bias for bf16 output (seen on the H200): the kernel refuses it with one line instead."""
+    fp32 bias for bf16 output (seen on the H200). One rule for both vLLM int8 kernels: an fp32 bias that
+    converts exactly reaches vLLM in the output dtype; any other is refused with one line before vLLM runs."""
     kernel = V.VllmTritonKernel()
     called = []
-    monkeypatch.setattr(kernel, "function", lambda: called.append(1) or (lambda *a: None))
+    monkeypatch.setattr(kernel, "function", lambda: (lambda *a: called.append(a[-1])))
     monkeypatch.setattr(V, "check_operands", lambda *a: None)  # CUDA-only operand check; tested on the GPU
     a_q, w_q = torch.ones(2, 16, dtype=torch.int8), torch.ones(3, 16, dtype=torch.int8)
-    with pytest.raises(InputError, match="bias in the output dtype.*give the bias as bfloat16"):
-        kernel.scaled_mm(a_q, torch.ones(2), w_q, torch.ones(3), torch.zeros(3, dtype=torch.float32),
-                         torch.bfloat16)
-    assert called == []
+    exact = torch.tensor([0.5, -2.0, 0.0], dtype=torch.float32)
+    kernel.scaled_mm(a_q, torch.ones(2), w_q, torch.ones(3), exact, torch.bfloat16)
+    assert called[0].dtype == torch.bfloat16 and torch.equal(called[0].float(), exact)
+    with pytest.raises(InputError, match="takes a bias in the output dtype"):
+        kernel.scaled_mm(a_q, torch.ones(2), w_q, torch.ones(3), torch.tensor([0.1, 0.2, 0.3]), torch.bfloat16)
+    assert len(called) == 1
 
 
 # --- CPU: vLLM's real Triton file under the interpreter -------------------------------------------
