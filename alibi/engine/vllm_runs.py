@@ -10,8 +10,8 @@ captures (`ALIBI_CAPTURE_DIR`) or swaps the linear kernel (`ALIBI_KERNEL`). The 
 (vLLM's log included) is kept as `engine.log` in the output folder: its "Selected <kernel class>"
 lines are the arm's kernel-selection evidence (`alibi.governance.kernel_log`).
 
-Teacher-forced records come from vLLM's `prompt_logprobs` (top-2 and the prompt token, from the raw
-fp32 logits): at position p the distribution over token p given tokens 0 … p−1 of the pinned text.
+Teacher-forced records come from vLLM's `prompt_logprobs` (top-2 and the prompt token, log-softmax in
+fp32 of vLLM's raw logits, which are in the model dtype: bf16 for this checkpoint, so exact ties occur): at position p the distribution over token p given tokens 0 … p−1 of the pinned text.
 `top1_id` is the token with the largest log-probability (the lowest id among equal ones), `top2_logprob`
 the second largest value, `margin` = top1 − top2 log-probability in fp32 (equal to the logit gap up to
 the rounding of the log-softmax); `logits_sha256` is absent (vLLM does not hand out its logit rows).
