@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -354,7 +352,7 @@ def run_child_execution(model_dir, prompts_dir, path: str | os.PathLike, *, kern
     if not execution.startswith("decode@") or not execution[7:].isdigit() or int(execution[7:]) < 1:
         raise InputError(f"--execution {execution!r}: only decode@B (B ≥ 1) runs on its own")
     prompts = load_prompts(prompts_dir)
-    span = resolve_request(prompts, windows, context, positions, (), 1 if context is None else 1, prompts_dir)
+    span = resolve_request(prompts, windows, context, positions, (), 1, prompts_dir)
     lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     ids = prompts.input_ids[list(span.windows), : span.fed]
     ex = run_execution(lm, ids, span.windows, "decode", span.context, batch=int(execution[7:]))
