@@ -304,14 +304,18 @@ class RunResult:
 
 
 def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bool = False,
-                   progress: Callable[[int, int, str], None] | None = None, allow_dirty: bool = False) -> RunResult:
+                   progress: Callable[[int, int, str], None] | None = None, allow_dirty: bool = False,
+                   notice: Callable[[str], None] | None = None) -> RunResult:
     """Run `exp` unit by unit into `out` (default: the experiment's `out`).
 
     progress: called `(done, total, label)` after each unit (`stderr_progress()`: alibi.progress).
 
-    resume: continue a run whose folder already exists (a missing folder starts afresh); the
-    folder must have been started by the same experiment, protocol, inputs, kernels, toolkit and
-    machine. Without it an existing non-empty folder is refused.
+    resume: continue a run whose folder already exists; the folder must have been started by the
+    same experiment, protocol, inputs, kernels, toolkit and machine. Without it an existing
+    non-empty folder is refused. With it, a missing or empty folder (a kill before the run folder
+    appeared with its run.json, the plan) holds nothing to continue: the run falls back to a fresh
+    start and says so once through `notice`, one line, after every input has been checked (so bad
+    input still costs exactly one line).
 
     allow_dirty: run under a protocol although the toolkit's sources differ from the git HEAD
     commit (refused otherwise, see `require_committed_code`); the run record and the manifest say so.
@@ -363,6 +367,9 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     if tree is not None:  # a pre-registered run records whether its code is a commit's
         record["working_tree"] = tree
     record_text = canonical_json(record)
+    if resume and notice is not None and not (out.is_dir() and any(out.iterdir())):
+        notice(f"alibi run: --resume fallback: no run to continue in {one_line(str(out))} (no {RUN_RECORD}, the "
+               "run's plan, was ever written there): starting afresh")
     _start(out, exp, record, record_text, resume)
     done = {p.stem for p in unit_files(out / UNITS_DIR)}
     resumed = sum(u in done for u in units_plan)

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         require_ray()
     if args.resume and not resume:
         finished = (args.out / "report.json").is_file()
-        print(f"alibi conform: no unfinished run beside {one_line(str(args.out))} (no {units.name}/plan.json"
+        print(f"alibi conform: --resume fallback: no unfinished run beside {one_line(str(args.out))} (no "
+              f"{units.name}/plan.json"
               + ("; it holds a finished report, which the new one replaces" if finished else "")
               + "): starting afresh", file=sys.stderr)
     if not args.quiet:

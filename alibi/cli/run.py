@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from alibi.experiment import UNITS_DIR, load_experiment, run_experiment, stderr_progress
@@ -22,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("experiment", type=Path, help="the experiment YAML file")
     p.add_argument("--out", type=Path, default=None, help="artifact folder (default: the file's `out`)")
     p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run in OUT from its last complete unit (a missing OUT starts afresh)")
+                   help="continue an interrupted run in OUT from its last complete unit (a missing or empty OUT, where no "
+                        "run.json was written, falls back to a fresh start and says so on one line)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="run a pre-registered experiment although the toolkit's sources differ from the git HEAD "
                         "commit (refused otherwise); recorded in run.json and the manifest")
@@ -50,7 +52,7 @@ def _units_line(result) -> str:
 def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
     result = run_experiment(exp, args.out, resume=args.resume, progress=None if args.quiet else stderr_progress(),
-                            allow_dirty=args.allow_dirty)
+                            allow_dirty=args.allow_dirty, notice=lambda line: print(line, file=sys.stderr, flush=True))
     print("\n".join(summary_lines(result.report)))
     print(_units_line(result))
     print(f"  artifacts: {result.out}/ (report/report.json, report/report.md, report/junit.xml, report/report.html, manifest.json)")
