@@ -10,6 +10,7 @@ on that).
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 import shutil
@@ -247,13 +248,35 @@ def toolkit_record() -> dict[str, Any]:
     return asdict(toolkit())
 
 
+def torch_flags() -> dict[str, Any] | None:
+    """The process-wide torch settings that decide whether the libraries' kernels are deterministic, read
+    now (they change when a model is loaded in one execution mode or the other, `alibi.model.execution`):
+    deterministic algorithms, cuBLAS's workspace setting, reduced-precision GEMM reductions, and which
+    scaled-dot-product-attention back ends torch may pick. None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    cuda = torch.backends.cuda
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "bf16_reduced_precision_reduction": cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "fp16_reduced_precision_reduction": cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "sdpa_backends": {"flash": cuda.flash_sdp_enabled(), "efficient": cuda.mem_efficient_sdp_enabled(),
+                          "math": cuda.math_sdp_enabled(), "cudnn": cuda.cudnn_sdp_enabled()},
+    }
+
+
 def environment_record() -> dict[str, Any]:
-    """`environment()` as a plain dict (GPU list as a JSON list), ready for a manifest predicate."""
+    """`environment()` as a plain dict (GPU list as a JSON list), ready for a manifest predicate, with
+    `torch_flags()` as they stand when the record is made."""
     record = asdict(environment())
     record["gpus"] = [dict(g) for g in record["gpus"]]
     record["cpu_isa"] = list(record["cpu_isa"])
+    record["torch_flags"] = torch_flags()
     return record
 
 
 __all__ = ["INT8_ISA_FLAGS", "Environment", "Toolkit", "WorkingTree", "cpu_isa", "environment", "environment_record",
-           "toolkit", "toolkit_record", "working_tree"]
+           "toolkit", "toolkit_record", "torch_flags", "working_tree"]

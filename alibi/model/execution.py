@@ -131,7 +131,7 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
     algorithms, workspace = _set_library_flags(deterministic)
     if not deterministic:
         return ExecutionMode(False, model.config._attn_implementation, "native", "native", algorithms, workspace)
-    from alibi.model.invariant import RowBlockLinear, row_block
+    from alibi.model.invariant import RowBlockLinear, implementation, row_block
 
     for name, module in list(model.named_modules()):
         cls = type(module).__name__
@@ -145,8 +145,9 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
             setattr(model.get_submodule(parent) if parent else model, child, RowBlockLinear(module))
     _register_attention()
     model.config._attn_implementation = ATTENTION_NAME
-    block = row_block(next(model.parameters()).device)
-    return ExecutionMode(True, ATTENTION_NAME, "tree", f"row-block:{block}", algorithms, workspace)
+    device = next(model.parameters()).device
+    how = implementation(device)
+    return ExecutionMode(True, f"{ATTENTION_NAME}:{how}", how, f"row-block:{row_block(device)}", algorithms, workspace)
 
 
 __all__ = ["ATTENTION_NAME", "ExecutionMode", "apply_execution_mode", "invariant_attention_forward"]

@@ -30,6 +30,11 @@ order cannot depend on any shape but the row's own:
   `ROW_BLOCK` rows for the device (zero-padded, in a fresh buffer): one shape, one algorithm, for every batch.
 - **RMSNorm** (`rms_norm`): the mean of squares is a `tree_sum`; the rest is elementwise.
 
+On the GPU the attention core and RMSNorm run as Triton kernels with one program per row
+(`alibi.model.invariant_triton`): the same specification, met by a fixed order of their own at a
+fraction of the cost of the elementwise chains (`IMPLEMENTATION` names which one ran). The dense
+Linears use row blocks on both.
+
 The quantized Linears are the kernel's business: an int8 kernel with an exact accumulator and an
 elementwise epilogue is M-invariant, and `alibi variations` names a kernel that is not.
 """
@@ -46,6 +51,16 @@ arithmetic, so blocks are short. Any fixed size is invariant; it is recorded in 
 
 def row_block(device: torch.device) -> int:
     return ROW_BLOCK.get(device.type, ROW_BLOCK["cpu"])
+
+
+IMPLEMENTATION = {"cuda": "triton-rows", "cpu": "tree"}
+"""How the attention core and RMSNorm meet the specification, by device type: one Triton program per
+row on the GPU, `tree_sum` chains elsewhere. Recorded in the execution mode: two implementations are
+two orders, so two arms must use the same one."""
+
+
+def implementation(device: torch.device) -> str:
+    return IMPLEMENTATION.get(device.type, IMPLEMENTATION["cpu"])
 
 _QUERY_BLOCK_ELEMENTS = 1 << 26
 """Query rows are processed in groups whose [rows, keys, head_dim] fp32 products stay below this."""
@@ -100,8 +115,12 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allow
     query [B, Hq, S, D]; key, value [B, Hkv, L, D] with Hq a multiple of Hkv (query head h reads
     key/value head h // (Hq/Hkv), as transformers' `repeat_kv`); allowed: bool, broadcastable to
     [B, Hq, S, L]; every query row must allow at least one key. Returns [B, Hq, S, D] in the query's
-    dtype; the arithmetic is float32.
+    dtype; the arithmetic is float32. On CUDA: `alibi.model.invariant_triton.attention`.
     """
+    if implementation(query.device) == "triton-rows":
+        from alibi.model import invariant_triton  # Triton is imported only where it runs
+
+        return invariant_triton.attention(query, key, value, allowed, scaling)
     b, hq, s, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
     group = hq // hkv
@@ -132,7 +151,11 @@ def causal_allowed(queries: int, keys: int, device: torch.device) -> torch.Tenso
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm (`weight · (x / sqrt(mean(x²) + eps))` in float32, cast back before the weight)
-    with the mean of squares as a `tree_sum` over the last axis."""
+    with the mean of squares as a `tree_sum` over the last axis. On CUDA: `alibi.model.invariant_triton.rms_norm`."""
+    if implementation(x.device) == "triton-rows":
+        from alibi.model import invariant_triton  # Triton is imported only where it runs
+
+        return invariant_triton.rms_norm(x, weight, eps)
     h = x.float()
     variance = tree_sum(h * h, dim=-1) / h.shape[-1]
     return weight * (h * torch.rsqrt(variance + eps)).to(x.dtype)
@@ -171,4 +194,4 @@ class RowBlockLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, row_block={row_block(self.weight.device)}"
 
 
-__all__ = ["ROW_BLOCK", "RowBlockLinear", "row_block", "attention", "causal_allowed", "exp_nonpositive", "rms_norm", "tree_sum"]
+__all__ = ["IMPLEMENTATION", "ROW_BLOCK", "RowBlockLinear", "implementation", "row_block", "attention", "causal_allowed", "exp_nonpositive", "rms_norm", "tree_sum"]

@@ -16,7 +16,32 @@ def test_the_environment_record_is_identical_on_every_call_of_a_process():
     first = env.environment_record()
     env.environment.cache_clear()
     assert env.environment_record() == first
-    assert set(first) == {"python", "platform", "cpu", "cpu_isa", "torch", "triton", "numpy", "cuda", "driver", "gpus"}
+    assert set(first) == {"python", "platform", "cpu", "cpu_isa", "torch", "triton", "numpy", "cuda", "driver", "gpus",
+                          "torch_flags"}
+
+
+def test_the_record_carries_the_torch_flags_of_the_execution_mode_in_force(monkeypatch):
+    """Issue 21: a record made after the deterministic runner was set up says so; one made native says that."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from alibi.model.execution import apply_execution_mode
+
+    pytest.importorskip("transformers")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # restored after the test
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.zeros(1))
+    model.config = SimpleNamespace(_attn_implementation="sdpa")
+    try:
+        apply_execution_mode(model, deterministic=True)
+        flags = env.environment_record()["torch_flags"]
+        assert flags["deterministic_algorithms"] and flags["cublas_workspace_config"] == ":4096:8"
+        assert not flags["bf16_reduced_precision_reduction"]
+    finally:
+        apply_execution_mode(model, deterministic=False)
+    flags = env.environment_record()["torch_flags"]
+    assert not flags["deterministic_algorithms"] and flags["bf16_reduced_precision_reduction"]
 
 
 def test_the_toolkit_record_names_this_package_and_its_version():

@@ -52,7 +52,7 @@ def test_every_execution_variation_holds_on_smollm2_and_the_report_follows_its_s
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(json.loads(text), json.loads((ROOT / "docs/schemas/alibi-variations.v1.schema.json").read_text()))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["predicate"]["parameters"]["execution"]["attention"] == "alibi_invariant"
+    assert manifest["predicate"]["parameters"]["execution"]["attention"] == "alibi_invariant:tree"
     assert "Execution variations" in (out / "report.html").read_text()
 
 

@@ -97,7 +97,7 @@ def test_the_deterministic_runner_passes_every_variation_on_the_tiny_llama(tiny)
     from alibi.replay.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", KERNEL)
-    assert lm.execution.deterministic and lm.execution.attention == "alibi_invariant"
+    assert lm.execution.deterministic and lm.execution.attention == "alibi_invariant:tree"
     results = certify_variations(lm, _ids(), (0, 1, 2, 3), 12, (2, 4), 5)
     assert [r.name for r in results] == ["batch-size-2", "batch-size-4", "batch-composition", "chunked-prefill",
                                          "prefill-vs-decode", "kv-cache-vs-recompute"]
@@ -251,6 +251,6 @@ def test_the_deterministic_runner_passes_every_variation_on_cuda_with_the_triton
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     lm = load_model(tiny / "w8a8", "triton", "cuda")
-    assert lm.execution.cublas_workspace is not None
+    assert lm.execution.cublas_workspace is not None and lm.execution.attention == "alibi_invariant:triton-rows"
     results = certify_variations(lm, _ids(), (0, 1, 2, 3), 12, (2, 4), 5)
     assert all(r.holds for r in results), [(r.name, r.first_divergence) for r in results if not r.holds]
