@@ -198,6 +198,50 @@ def bf16_rounded_fp32(x):
 
 
 @triton.jit
+def program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's output tile: row, column and K offsets (int64) and the row and column masks.
+
+    Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together. Offsets are
+    int64 because M·K and N·K of real layers overflow int32 element offsets. `(x + b - 1) // b`, not
+    `tl.cdiv`: see "triton's own jit functions" in the module docstring.
+    """
+    pid = tl.program_id(axis=0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    return offs_m, offs_n, offs_k, offs_m < M, offs_n < N
+
+
+@triton.jit
+def exact_main_loop(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K,
+                    stride_am, stride_ak, stride_wn, stride_wk,
+                    ACC_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Σ_k A[m, k]·W[n, k] over the whole of K in one `ACC_DTYPE` accumulator (int32 for int8: exact).
+
+    Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact. (`0.0`,
+    not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
+    """
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
+    for k in range((K + BLOCK_K - 1) // BLOCK_K):
+        mask_k = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
 def int32_partials_summed_in_fp32(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K, part_k,
                                   stride_am, stride_ak, stride_wn, stride_wk,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -239,35 +283,10 @@ def scaled_mm_kernel(
     STORE_ACC: tl.constexpr,     # store the raw accumulator and skip the epilogue
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    # Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together.
-    pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: see "triton's own jit functions" above
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_m, offs_n, offs_k, mask_m, mask_n = program_tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
-    # int64 offsets: M·K and N·K of real layers overflow int32 element offsets.
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
-
-    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
-    for k in range((K + BLOCK_K - 1) // BLOCK_K):
-        mask_k = offs_k < K - k * BLOCK_K
-        # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
-        # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
+    acc = exact_main_loop(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K,
+                          stride_am, stride_ak, stride_wn, stride_wk, ACC_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
 
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = mask_m[:, None] & mask_n[None, :]
@@ -308,24 +327,7 @@ def faulty_scaled_mm_kernel(
     A separate kernel, so that the correct one stays exactly as it is (its signature is pinned by a
     compile test); with every switch off this computes what `scaled_mm_kernel` computes.
     """
-    # Grouped program order (vLLM's): GROUP_M row blocks walk a column of W tiles together.
-    pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M  # not tl.cdiv: see "triton's own jit functions" above
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    # int64 offsets: M·K and N·K of real layers overflow int32 element offsets.
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = Wᵀ tile
+    offs_m, offs_n, offs_k, mask_m, mask_n = program_tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
     if FP32_ACC or SPLIT_K > 1:
         if FP32_ACC:
@@ -336,16 +338,8 @@ def faulty_scaled_mm_kernel(
                                              stride_am, stride_ak, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K)
         acc = accf.to(tl.int32)  # exposed accumulator: integer-valued fp32 below 2^31, converted exactly
     else:
-        acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
-        for k in range((K + BLOCK_K - 1) // BLOCK_K):
-            mask_k = offs_k < K - k * BLOCK_K
-            # Masked-off elements load as 0 and add nothing: the K tail and the M/N edges are exact.
-            # (`0.0`, not `0`: Triton casts a float to int8 or fp8, but has no int → fp8 cast.)
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
-            a_ptrs += BLOCK_K * stride_ak
-            w_ptrs += BLOCK_K * stride_wk
+        acc = exact_main_loop(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K,
+                              stride_am, stride_ak, stride_wn, stride_wk, ACC_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
 
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = mask_m[:, None] & mask_n[None, :]
@@ -421,31 +415,10 @@ def w_then_a_fma_scaled_mm_kernel(
     RN32(s_a · t); then the same nearest-even output cast. A separate kernel so that the `triton`
     kernel's code is untouched.
     """
-    pid = tl.program_id(axis=0)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_m, offs_n, offs_k, mask_m, mask_n = program_tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-
-    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=ACC_DTYPE)
-    for k in range((K + BLOCK_K - 1) // BLOCK_K):
-        mask_k = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, out_dtype=ACC_DTYPE)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
+    acc = exact_main_loop(a_ptr, w_ptr, offs_m, offs_n, offs_k, mask_m, mask_n, K,
+                          stride_am, stride_ak, stride_wn, stride_wk, ACC_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K)
 
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = mask_m[:, None] & mask_n[None, :]
