@@ -370,47 +370,10 @@ class Treatment:
         return doc
 
 
-def _source_file(obj: Any) -> str | None:
-    try:
-        return inspect.getsourcefile(obj)
-    except (OSError, TypeError):  # defined in __main__ or a C extension: no source file
-        return None
-
-
 def kernel_build_digest(kernel: Any) -> str:
-    """Hex sha256 identifying the code a kernel runs.
-
-    A kernel that knows its build (a JIT-compiled CUTLASS library, a Triton kernel's compiled
-    binary) reports it through a `build_digest()` method or a `"build_digest"` evidence entry; that
-    is used as given. Otherwise the digest covers the source the kernel can run: every module of
-    the kernel class's hierarchy (a plugin's own module included), the emulator and numerics
-    modules, and the C++/CUDA files in a `csrc/` folder beside the kernel's module, together with
-    the class's name. It changes whenever that code changes (and sometimes when a neighbour's
-    does: over-inclusive, never blind). A class defined without a source file (`python -c`)
-    contributes its name only.
-    """
-    reported = getattr(kernel, "build_digest", None)
-    if callable(reported):
-        reported = reported()
-    if reported is None and callable(getattr(kernel, "evidence", None)):
-        reported = kernel.evidence().get("build_digest")
-    if isinstance(reported, Mapping):
-        reported = reported.get("sha256")
-    if reported is not None:
-        return digest_set(str(reported))["sha256"]
-    modules = {c.__module__ for c in type(kernel).__mro__ if c.__module__ != "builtins"}
-    modules |= {"alibi.emulator", "alibi.numerics"}
-    files: dict[str, Path] = {}
-    for name in sorted(modules):
-        source = _source_file(sys.modules.get(name) or importlib.import_module(name))
-        if source:
-            files[name] = Path(source)
-    kernel_source = _source_file(type(kernel))
-    csrc = Path(kernel_source).parent / "csrc" if kernel_source else None
-    if csrc is not None and csrc.is_dir():
-        files |= {f"csrc/{rel}": csrc / rel for rel in folder_files(csrc, exclude=())}
-    return sha256_listing(((label, sha256_file(path)) for label, path in sorted(files.items())),
-                          header=f"class {type(kernel).__module__}.{type(kernel).__qualname__}\n")
+    """Hex sha256 identifying the code a kernel runs: its `build_digest()` (`alibi.kernels.base.Kernel`
+    has the one default, the kernel's sources), validated as a sha256."""
+    return digest_set(str(kernel.build_digest()))["sha256"]
 
 
 def treatment_of(kernel: Any, arm: str, kernel_log: Any = None) -> Treatment:

@@ -7,16 +7,22 @@ this machine says why through `available()` and is never silently replaced by an
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import platform
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from alibi.emulator import EpilogueModel
+from alibi.digests import sha256_file, sha256_listing
 from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, shown
+from alibi.governance.manifest import folder_files
 from alibi.tile import Tile
 
 
@@ -48,6 +54,13 @@ def torch_epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias
     return y.to(out_dtype)
 
 
+def _source_file(obj: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(obj)
+    except (OSError, TypeError):  # defined in __main__ or a C extension: no source file
+        return None
+
+
 class Kernel:
     """Base class. Subclasses set the class attributes and implement `scaled_mm`."""
 
@@ -60,6 +73,30 @@ class Kernel:
     def available(self) -> tuple[bool, str]:
         """(True, how it will run) or (False, why not and what to install)."""
         return True, "runs on the CPU"
+
+    def build_digest(self) -> str:
+        """Hex sha256 identifying the code this kernel runs (recorded in every manifest's treatment).
+
+        The default covers the source the kernel can run: every module of the class's hierarchy (a
+        plugin's own module included), the emulator and numerics modules, and the C++/CUDA files in
+        a `csrc/` folder beside the kernel's module, with the class's name. It changes whenever that
+        code changes (and sometimes when a neighbour's does: over-inclusive, never blind); a class
+        defined without a source file (`python -c`) contributes its name only. A kernel that knows
+        its build (a compiled library it loaded, a wheel's sources) overrides this with that digest.
+        """
+        modules = {c.__module__ for c in type(self).__mro__ if c.__module__ != "builtins"}
+        modules |= {"alibi.emulator", "alibi.numerics"}
+        files: dict[str, Path] = {}
+        for name in sorted(modules):
+            source = _source_file(sys.modules.get(name) or importlib.import_module(name))
+            if source:
+                files[name] = Path(source)
+        kernel_source = _source_file(type(self))
+        csrc = Path(kernel_source).parent / "csrc" if kernel_source else None
+        if csrc is not None and csrc.is_dir():
+            files |= {f"csrc/{rel}": csrc / rel for rel in folder_files(csrc, exclude=())}
+        return sha256_listing(((label, sha256_file(path)) for label, path in sorted(files.items())),
+                              header=f"class {type(self).__module__}.{type(self).__qualname__}\n")
 
     def torch_device(self) -> torch.device:
         return torch.device("cuda" if self.device == "cuda" else "cpu")

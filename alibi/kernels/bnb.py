@@ -137,11 +137,12 @@ class BnbInt8Kernel(Kernel):
                              + ": use fp16 tiles")
         return (statistics(s_a.reshape(-1), "s_a", self.name), statistics(s_w.reshape(-1), "s_w", self.name))
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         _import()
         return torch.ops.bitsandbytes.int8_linear_matmul.default(a_q.contiguous(), w_q.contiguous())
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         _import()
         row, col = self._operands(a_q, s_a, w_q, s_w, bias, out_dtype)
         out = torch.ops.bitsandbytes.int8_scaled_mm.default(a_q.contiguous(), w_q.contiguous(), row, col,

@@ -29,10 +29,11 @@ class EmulatorKernel(Kernel):
     def available(self) -> tuple[bool, str]:
         return True, "reference emulator (CPU, exact by construction)"
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return apply_epilogue(self.epilogue, exact_accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         return exact_accumulator(a_q, w_q).to(torch.int32)
 
 
@@ -50,10 +51,11 @@ class TorchCpuKernel(Kernel):
             return False, f"torch {torch.__version__} has no torch._int_mm; install torch>=2.2"
         return True, f"torch._int_mm on the CPU (torch {torch.__version__})"
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         # A fresh row-major [K,N] copy: for N×1 weights `w_q.T.contiguous()` keeps the strides (1, 1),
         # which torch calls contiguous but torch 2.13's CPU _int_mm misreads (garbage at K = 1).
         return torch._int_mm(a_q.contiguous(), w_q.T.clone(memory_format=torch.contiguous_format))
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return torch_epilogue(self.accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)

@@ -74,13 +74,14 @@ class CublasInt8Kernel(Kernel):
         return True, (f"torch._int_mm (cuBLASLt, CUDA {torch.version.cuda}) on {torch.cuda.get_device_name()}, "
                       "epilogue in torch fp32 ops")
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         check_operands(self.name, a_q, w_q, torch.int8)
         acc, padding = int_mm_padded(a_q, w_q)
         self.last_run = {"op": "accumulate", **padding}
         return acc
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         check_operands(self.name, a_q, w_q, torch.int8)
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")

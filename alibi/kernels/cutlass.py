@@ -252,10 +252,10 @@ class CutlassKernel(Kernel):
         self.last_run = {"op": "accumulate", **info}
         return acc
 
-    def build_digest(self) -> str | None:
+    def build_digest(self) -> str:
         """sha256 of the library bytes last run (verified against the build record, then loaded);
-        None before any run (`kernel_build_digest` then digests the sources)."""
-        return None if self._ran is None else self._ran.check.sha256
+        before any run, the sources' digest (`Kernel.build_digest`)."""
+        return super().build_digest() if self._ran is None else self._ran.check.sha256
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

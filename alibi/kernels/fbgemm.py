@@ -126,7 +126,8 @@ class FbgemmFp8RowKernel(Kernel):
             return False, "; ".join(problems)
         return True, f"FBGEMM Triton fp8_gemm.py from {origin} ({root}) on {torch.cuda.get_device_name()}"
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         if a_q.dtype != torch.float8_e4m3fn or w_q.dtype != torch.float8_e4m3fn:
             raise InputError(f"kernel {self.name!r} takes float8_e4m3fn operands, got {a_q.dtype} and {w_q.dtype}")
         if out_dtype != torch.bfloat16:

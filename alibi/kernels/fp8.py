@@ -141,7 +141,8 @@ class ScaledMmFp8Kernel(Kernel):
         return (scale_vector(s_a, M, "s_a").reshape(M, 1).contiguous(),
                 scale_vector(s_w, N, "s_w").reshape(1, N).contiguous())
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         check_operands(self.name, a_q, w_q, FP8)
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")

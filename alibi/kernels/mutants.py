@@ -552,14 +552,15 @@ class MutantKernel(Kernel):
             out, acc = out.to(dev), (None if acc is None else acc.to(dev))
         return KernelOutput(out=out, acc=acc, evidence=ev)
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The raw op on the base's device (for the model runner): runs `run` on a CPU view of the operands."""
         device = a_q.device
         tile = Tile("scaled_mm", a_q.cpu(), s_a.cpu(), w_q.cpu(), s_w.cpu(),
                     None if bias is None else bias.cpu(), out_dtype)
         return self.run(tile).out.to(device)
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         """The accumulator this mutant exposes (faulty for reduction faults), or None with the base's."""
         ones_a = torch.ones(a_q.shape[0], dtype=torch.float32)
         ones_w = torch.ones(w_q.shape[0], dtype=torch.float32)
@@ -589,12 +590,13 @@ def native_triton_mutant(fault_name: str, name: str | None = None) -> Kernel:
     reduction = {k: v for k, v in switches.items() if k in ("fp32_acc", "split_k")}
 
     class NativeTritonMutant(TritonInt8Kernel):
-        def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
             self._check_operands(a_q, w_q)
             out, self.last_config = launch(a_q, s_a, w_q, s_w, bias, out_dtype, **switches)
             return out
 
-        def accumulator(self, a_q, w_q):
+        def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
             self._check_operands(a_q, w_q)
             acc, _ = launch(a_q, None, w_q, None, store_acc=True, **reduction)
             return acc

@@ -84,7 +84,8 @@ class SglKernel(Kernel):
             return False, f"sgl_kernel {installed()} has no {self.op_name}"
         return True, f"sgl_kernel.{self.op_name} ({installed()}) on {torch.cuda.get_device_name()}"
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         if a_q.dtype != self.operand_dtype or w_q.dtype != self.operand_dtype:
             raise InputError(f"kernel {self.name!r} takes {self.operand_dtype} operands, got {a_q.dtype} and {w_q.dtype}")
         M, N = a_q.shape[0], w_q.shape[0]

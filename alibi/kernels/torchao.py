@@ -186,7 +186,8 @@ class TorchaoInt8Kernel(Kernel):
         finally:
             intmm.AUTOTUNER_ENABLE = before
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         self._check(a_q, s_a, w_q, s_w, bias, out_dtype)
         x, weight = self.quantized_operands(a_q, s_a, w_q, s_w, out_dtype)
         K, N = a_q.shape[1], w_q.shape[0]
@@ -210,9 +211,14 @@ class TorchaoInt8Kernel(Kernel):
         ev = super().evidence()
         ev["torchao"] = {"version": torchao_version(), "pinned": PINNED_VERSION,
                          "skip_so_files": os.environ.get(SKIP_SO_ENV), "sources_sha256": source_digests()}
-        ev["build_digest"] = {"sha256": _combined(ev["torchao"]["sources_sha256"])}
+        ev["build_digest"] = {"sha256": self.build_digest()}
         ev["last_run"] = dict(self.last_run)
         return ev
+
+    def build_digest(self) -> str:
+        """The installed TorchAO sources this kernel calls into (`source_digests`), else the kernel's own
+        sources (`Kernel.build_digest`) where none was found."""
+        return _combined(source_digests()) or super().build_digest()
 
 
 def _combined(digests: dict[str, str]) -> str | None:

@@ -564,12 +564,13 @@ class TritonScaledMmKernel(Kernel):
             raise InputError(f"kernel {self.name!r} takes {self.operand_dtype} operands, "
                              f"got {a_q.dtype} and {w_q.dtype}")
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         self._check_operands(a_q, w_q)
         out, self.last_config = launch(a_q, s_a, w_q, s_w, bias, out_dtype, truncate=self.truncate)
         return out
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         """The kernel's own accumulator, from a launch that stores it instead of running the epilogue."""
         self._check_operands(a_q, w_q)
         acc, _ = launch(a_q, None, w_q, None, store_acc=True)
@@ -602,7 +603,8 @@ class TritonInt8WThenAFmaKernel(TritonInt8Kernel):
     description = ("Triton int8 scaled-mm with vLLM's CUTLASS epilogue (int32 tl.dot, w_then_a, "
                    "bias by an exact fused multiply-add)")
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         self._check_operands(a_q, w_q)
         out, self.last_config = launch(a_q, s_a, w_q, s_w, bias, out_dtype, epilogue=self.epilogue)
         return out

@@ -496,7 +496,8 @@ class VllmCutlassKernel(VllmKernel):
             self._op = load_op_library(self.vllm_file().path)
         return self._op
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         check_operands(self.name, a_q, w_q, self.operand_dtype)
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
@@ -577,7 +578,8 @@ class VllmTritonKernel(VllmKernel):
             self._fn = getattr(load_triton_module(self.vllm_file().path), TRITON_FUNCTION)
         return self._fn
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         check_operands(self.name, a_q, w_q, torch.int8)
         if out_dtype not in (torch.bfloat16, torch.float16):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")

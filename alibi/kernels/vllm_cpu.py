@@ -153,7 +153,8 @@ class VllmCpuOnednnKernel(Kernel):
                                         None, None, bias)
         return out
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
             raise InputError(f"kernel {self.name!r} takes int8 operands, got {a_q.dtype} and {w_q.dtype}")
         if out_dtype not in (torch.bfloat16, torch.float16):
@@ -167,7 +168,7 @@ class VllmCpuOnednnKernel(Kernel):
             bias = converted
         return self._gemm(self._handler(w_q, s_w, out_dtype), a_q, s_a, bias, out_dtype)
 
-    def accumulator(self, a_q, w_q):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         K = a_q.shape[1]
         total = torch.zeros((a_q.shape[0], w_q.shape[0]), dtype=torch.int64)
         for k0 in range(0, K, ACC_CHUNK):
