@@ -25,12 +25,9 @@ predicate may depend on the clock.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
-import inspect
 import json
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
