@@ -23,7 +23,11 @@ from alibi.emulator import (
 from alibi.errors import InputError
 from alibi.kernels import Kernel
 from alibi.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.out_bias_probe import out_bias_probe_tiles
+from alibi.synthetic import synthetic_tiles
 from alibi.tile import Tile
+
+DEFAULT_PRESET = "epilogue-probe-bias"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,21 @@ def known_models(with_bias: bool = True) -> list[EpilogueModel]:
     """Every epilogue model identify tells apart (bias modes only `fma` when no tile has a bias)."""
     return [EpilogueModel(o, b, r) for r, o, b in product((False, True), ORDERS, BIAS_MODES if with_bias else ("fma",))
             if not (r and o == "product_first")]
+
+
+def probe_tiles(kernel: Kernel, seed: int = 0) -> tuple[list[Tile], str]:
+    """The tiles `alibi identify` runs by default for `kernel`, and a line saying which they are.
+
+    `DEFAULT_PRESET` (an fp32 bias that tells the bias modes apart best) for a kernel that takes any
+    bias; for one that takes its bias only in the output dtype (`Kernel.bias_in_output_dtype`), the
+    order probe and the output-dtype bias probe of `alibi.out_bias_probe`, which tell the same models
+    apart with a bias that kernel accepts.
+    """
+    if kernel.bias_in_output_dtype:
+        return (out_bias_probe_tiles(seed=seed),
+                f"tiles: the output-dtype bias probe (order probe + bias probe, bf16), not {DEFAULT_PRESET}: "
+                f"{kernel.name} takes its bias only in the output dtype")
+    return synthetic_tiles(DEFAULT_PRESET, seed=seed), f"tiles: synthetic preset {DEFAULT_PRESET}"
 
 
 def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:

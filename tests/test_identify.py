@@ -38,3 +38,43 @@ def test_identify_cli_names_the_declared_model_of_torch_cpu(capsys):
     assert main(["identify", "torch-cpu"]) == 0
     out = capsys.readouterr().out
     assert "w_then_a+add_before_cast     MATCH" in out
+
+
+class _OutputDtypeBiasOnly:
+    """An emulator kernel that, like vLLM's, takes its bias only in the output dtype (a bias of another dtype
+    is refused, as `alibi.kernels.vllm.bias_in_output_dtype` refuses one that does not convert exactly)."""
+
+    @staticmethod
+    def make(model: str):
+        from alibi.kernels.cpu import EmulatorKernel
+        from alibi.emulator import EpilogueModel
+
+        class OutputDtypeBias(EmulatorKernel):
+            bias_in_output_dtype = True
+
+            def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=None):
+                if bias is not None and bias.dtype != out_dtype:
+                    raise ValueError(f"bias must be {out_dtype}, got {bias.dtype}")
+                return super().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
+
+        order, bias = model.split("+")
+        return OutputDtypeBias(EpilogueModel(order, bias))
+
+
+@pytest.mark.parametrize("model", ["w_then_a+fma", "a_then_w+add_after_cast", "product_first+add_before_cast"])
+def test_identify_probes_a_kernel_taking_its_bias_in_the_output_dtype_with_tiles_it_accepts_and_names_its_model(model):
+    from alibi.identify import DEFAULT_PRESET, probe_tiles
+
+    kernel = _OutputDtypeBiasOnly.make(model)
+    with pytest.raises(Exception, match="bias must be"):
+        kernel.run(synthetic_tiles(DEFAULT_PRESET)[0])  # the default preset's fp32 bias is refused
+    tiles, which = probe_tiles(kernel)
+    assert "output-dtype bias probe" in which and all(t.bias is None or t.bias.dtype == t.out_dtype for t in tiles)
+    assert [c.model for c in identify(kernel, tiles) if c.matches] == [model]
+
+
+def test_identify_keeps_the_fp32_bias_preset_for_a_kernel_that_takes_any_bias():
+    from alibi.identify import DEFAULT_PRESET, probe_tiles
+
+    tiles, which = probe_tiles(get_kernel("torch-cpu"))
+    assert which.endswith(DEFAULT_PRESET) and tiles[0].bias.dtype.is_floating_point and tiles[0].bias.dtype.itemsize == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -12,8 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kernel", help="kernel name (see 'alibi kernels')")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of tiles (real, non-power-of-two scales)")
-    src.add_argument("--synthetic", metavar="PRESET", default="epilogue-probe-bias",
-                     help="synthetic preset (default epilogue-probe-bias; an unknown name lists them all)")
+    src.add_argument("--synthetic", metavar="PRESET",
+                     help="synthetic preset (default: epilogue-probe-bias, or the output-dtype bias probe for a "
+                          "kernel that takes its bias only in the output dtype; an unknown name lists them all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the candidates as JSON")
     p.set_defaults(func=run)
@@ -23,14 +25,20 @@ def run(args: argparse.Namespace) -> int:
     from alibi.kernel_catalog import check_kernel_name
 
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
-    from alibi.identify import identify
+    from alibi.identify import identify, probe_tiles
     from alibi.kernels import get_kernel
     from alibi.synthetic import synthetic_tiles
     from alibi.tile import load_tile_dir
 
     kernel = get_kernel(args.kernel)
     kernel.require_available()
-    tiles = load_tile_dir(args.tiles) if args.tiles else synthetic_tiles(args.synthetic, seed=args.seed)
+    if args.tiles:
+        tiles = load_tile_dir(args.tiles)
+    elif args.synthetic:
+        tiles = synthetic_tiles(args.synthetic, seed=args.seed)
+    else:
+        tiles, which = probe_tiles(kernel, seed=args.seed)
+        print(which, file=sys.stderr)
     found = identify(kernel, tiles)
     if args.json:
         print(json.dumps([c.__dict__ for c in found], indent=2))

@@ -69,6 +69,9 @@ class Kernel:
     device: str = "cpu"  # where it runs: "cpu", "cuda" or "cpu+cuda"
     epilogue: EpilogueModel | None = None
     description: str = ""
+    bias_in_output_dtype: bool = False
+    """True for a kernel that takes a bias only in the output dtype (vLLM's: its epilogue loads the bias as
+    the output type); `alibi identify` then probes it with tiles whose bias is in that dtype."""
 
     def available(self) -> tuple[bool, str]:
         """(True, how it will run) or (False, why not and what to install)."""

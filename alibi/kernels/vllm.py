@@ -432,6 +432,7 @@ class VllmKernel(Kernel):
     """
 
     device = "cuda"
+    bias_in_output_dtype = True  # vLLM passes it so; any other is converted only when exact (the function above)
     role = "ops"
     operand_dtype: torch.dtype = torch.int8
     vllm_linear_kernels: tuple[str, ...] = ()
