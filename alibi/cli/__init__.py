@@ -22,6 +22,7 @@ import re
 import sys
 
 from alibi import __version__
+from alibi.cli.examples import attach_examples
 from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
 
 # Command modules, in the order `alibi --help` lists them.
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    attach_examples(parser)  # each command's --help ends with an example (alibi/cli/examples.py)
     parser.set_defaults(_commands=sub.choices)
     return parser
 
