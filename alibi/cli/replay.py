@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tf.add_argument("--arm", help="this arm's label in the manifest (default: the kernel's name)")
     tf.add_argument("--kernel-a", help="both arms: kernel of arm a (with --kernel-b)")
     tf.add_argument("--kernel-b", help="both arms: kernel of arm b (with --kernel-a)")
+    tf.add_argument("--prereg", type=Path, metavar="DIR",
+                    help="the locked protocol folder (`alibi prereg lock`) this replay is measured under: refused unless "
+                         "locked and unchanged; its lock and amendment-head hashes go into every manifest "
+                         "(predicate.protocol), and an amendment while the replay runs leaves nothing written")
     tf.add_argument("--engine", choices=("own", "vllm"), default="own",
                     help="own: the toolkit's runner (default); vllm: a real vLLM engine, scored from its prompt_logprobs, "
                          "where --kernel vllm is vLLM's own linear kernel and any alibi kernel name is swapped in for "
@@ -79,13 +83,17 @@ def teacher_forced(args: argparse.Namespace) -> int:
         if args.kernel_a is None or args.kernel_b is None:
             raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
     if args.engine == "vllm":
+        if args.prereg is not None:
+            raise InputError("--prereg is recorded by the own runner's replay (--engine own); a vLLM replay does not "
+                             "record a protocol yet: run it without --prereg")
         return _teacher_forced_vllm(args, pair)
     if pair:
         from alibi.replay.teacher_forced import run_pair
 
         code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
                         windows=args.windows, context=args.context, positions=args.positions, device=args.device,
-                        overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic)
+                        overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic,
+                        prereg=args.prereg)
         if code == 0:
             print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b), flips in {args.out / 'flips'}")
         return code
@@ -94,7 +102,7 @@ def teacher_forced(args: argparse.Namespace) -> int:
     arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                              context=args.context, positions=args.positions, arm=args.arm, device=args.device,
                              overwrite=args.overwrite, deterministic=not args.nondeterministic,
-                             progress=progress("teacher-forced", quiet=args.quiet, unit="window"))
+                             progress=progress("teacher-forced", quiet=args.quiet, unit="window"), prereg=args.prereg)
     print(f"teacher-forced: {len(arm.records)} positions ({len(arm.windows)} windows × {arm.positions} after "
           f"{arm.context} tokens) with {arm.kernel or 'the dense model'} → {args.out}")
     return 0

@@ -167,32 +167,66 @@ def open_inputs(model_dir: str | os.PathLike, prompts) -> ReplayInputs:
     return ReplayInputs(model_dir, prompts, resources, bool(checked["verified"]))
 
 
-def replay_predicate(inputs: ReplayInputs, lm, arm: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+def replay_predicate(inputs: ReplayInputs, lm, arm: str, parameters: Mapping[str, Any],
+                     protocol: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The manifest predicate of one arm's replay output: inputs, the kernel treatment as `arm`,
-    the parameters plus the device and checkpoint verification, toolkit and environment."""
+    the parameters plus the device and checkpoint verification, toolkit and environment, and the
+    protocol record (`locked_protocol`) of a pre-registered replay."""
     from alibi.governance.manifest import build_predicate, treatment_of
 
     treatment = None if lm.kernel is None else treatment_of(lm.kernel, arm)
     params = {**parameters, "device": lm.device.type, "execution": lm.execution.as_dict(),
               "checkpoint_verified_against_manifest": inputs.checkpoint_verified}
-    return build_predicate(inputs=inputs.resources, treatment=treatment, parameters=params)
+    return build_predicate(inputs=inputs.resources, treatment=treatment, parameters=params, protocol=protocol)
 
 
-def combined_predicate(arm_dirs: Mapping[str, str | os.PathLike], parameters: Mapping[str, Any]) -> dict[str, Any]:
+def locked_protocol(prereg: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The record a replay measured under the protocol folder `prereg` carries in its manifest
+    (`predicate.protocol`: folder, lock hash, amendment-head hash, number of amendments), so that
+    "locked before measured" rests on the manifest, not on git history or self-reported times.
+    ProtocolViolation (one line, exit 2) when the folder is not locked or changed without an
+    amendment. None without `prereg`."""
+    if prereg is None:
+        return None
+    from alibi.governance.prereg import require_locked
+
+    return require_locked(prereg).as_dict()
+
+
+def recheck_protocol(prereg: str | os.PathLike | None, before: Mapping[str, Any] | None) -> None:
+    """After measuring, before anything is written: the protocol still has the head it had when the
+    replay started (ProtocolViolation otherwise: an amendment during the run, nothing is written)."""
+    if prereg is None or before is None:
+        return
+    from alibi.governance.prereg import ProtocolViolation, require_locked
+
+    now = require_locked(prereg)
+    if now.head_sha256 != before["head_sha256"]:
+        raise ProtocolViolation(f"protocol {prereg} was amended while the replay ran (head {before['head_sha256']} "
+                                f"-> {now.head_sha256}); nothing was written: run the replay again under the new head")
+
+
+def combined_predicate(arm_dirs: Mapping[str, str | os.PathLike], parameters: Mapping[str, Any],
+                       protocol: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The predicate of a folder holding several arms' outputs (label → arm folder): the inputs of the
     first arm (the arms' own manifests hold theirs; the caller has checked them against each other),
-    each arm's treatment under its label, and `parameters`. No kernel is imported here: the
-    treatments are read back from the arms' manifests, as the arms' own processes recorded them."""
+    each arm's treatment under its label, `parameters`, and `protocol` (which every arm's manifest must
+    record too: InputError naming the arm otherwise). No kernel is imported here: the treatments are
+    read back from the arms' manifests, as the arms' own processes recorded them."""
     from alibi.governance.manifest import Treatment, build_predicate, read_manifest
 
     arms, inputs = {}, None
     for label, folder in arm_dirs.items():
         predicate = read_manifest(folder).predicate
         inputs = predicate["inputs"] if inputs is None else inputs
+        if (predicate.get("protocol") or None) != (None if protocol is None else dict(protocol)):
+            raise InputError(f"{folder}: its manifest records protocol {predicate.get('protocol')!r}, not the one this "
+                             f"replay runs under ({None if protocol is None else dict(protocol)!r}); run both arms "
+                             "under the same locked protocol")
         t = predicate.get("treatment")
         if t is None:
             continue
         digest = (t.get("kernel_build_digest") or {}).get("sha256")
         arms[label] = Treatment(arm=t["arm"], kernel=t["kernel"], kernel_build_digest=digest,
                                 epilogue_model=t.get("epilogue_model"), kernel_evidence=t.get("kernel_evidence"))
-    return build_predicate(inputs=inputs, arms=arms or None, parameters=parameters)
+    return build_predicate(inputs=inputs, arms=arms or None, parameters=parameters, protocol=protocol)

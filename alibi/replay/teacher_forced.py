@@ -199,11 +199,13 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
                        kernel: str | None, windows: int | None = None, context: int | None = None,
                        positions: int | None = None, arm: str | None = None, device: str | None = None,
                        overwrite: bool = False, progress: Progress | None = None,
-                       deterministic: bool = True) -> ArmRecords:
+                       deterministic: bool = True, prereg: str | os.PathLike | None = None) -> ArmRecords:
     """One arm's teacher-forced replay into the folder `out` (records.json + manifest.json, atomically).
 
     Everything is validated before the model loads; InputError (exit 2) for bad input, with
-    nothing written; KernelUnavailable (exit 3) when the kernel cannot run here.
+    nothing written; KernelUnavailable (exit 3) when the kernel cannot run here. prereg: the locked
+    protocol folder the replay is measured under; its lock and head hashes go into the manifest
+    (`predicate.protocol`), and an amendment while the replay runs leaves nothing written.
     """
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
@@ -211,14 +213,17 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     from alibi.replay.setup import (
         check_output,
         load_prompts,
+        locked_protocol,
         open_inputs,
+        recheck_protocol,
         replay_predicate,
         resolve_span,
     )
 
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
-    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir, "--prereg": prereg}, overwrite)
+    protocol = locked_protocol(prereg)
     inputs = open_inputs(model_dir, prompts)
     lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     label = arm or (lm.kernel.name if lm.kernel is not None else "dense")
@@ -228,10 +233,11 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     records = replay_windows(lm, prompts.input_ids, span, progress)
     result = ArmRecords(kernel=lm.kernel.name if lm.kernel is not None else None, context=span.context,
                         positions=span.positions, windows=span.windows, records=records)
+    recheck_protocol(prereg, protocol)
     with atomic.staged_dir(out) as stage:
         write_records(result, stage)
         write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {"replay": "teacher-forced",
-                                                                           **span.as_dict()}))
+                                                                           **span.as_dict()}, protocol))
     return result
 
 
@@ -274,10 +280,11 @@ def run_child(argv: list[str], what: str, cwd: str | os.PathLike | None = None) 
 def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
              kernel_a: str, kernel_b: str, windows: int | None = None, context: int | None = None,
              positions: int | None = None, device: str | None = None, overwrite: bool = False,
-             quiet: bool = False, deterministic: bool = True) -> int:
+             quiet: bool = False, deterministic: bool = True, prereg: str | os.PathLike | None = None) -> int:
     """Both arms, each in a fresh process (`OUT/arm-a`, `OUT/arm-b`), then the flip analysis into
     `OUT/flips`; the whole folder appears only if every step succeeded. Returns the exit code of
-    the first step that failed (0 when all succeeded).
+    the first step that failed (0 when all succeeded). prereg: the locked protocol both arms run
+    under (passed to each arm's process); every manifest of the folder records its lock and head.
     """
     from alibi import atomic
     from alibi.governance.manifest import write_manifest
@@ -285,15 +292,20 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
         check_output,
         combined_predicate,
         load_prompts,
+        locked_protocol,
         note_lines,
+        recheck_protocol,
         resolve_span,
     )
 
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)  # fail here, before any process starts
-    check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
+    check_output(out, {"--model": model_dir, "--prompts": prompts_dir, "--prereg": prereg}, overwrite)
+    protocol = locked_protocol(prereg)
     common = ["--model", str(model_dir), "--prompts", str(prompts_dir)]
+    if prereg is not None:
+        common += ["--prereg", str(prereg)]
     for flag, value in (("--windows", windows), ("--context", context), ("--positions", positions),
                         ("--device", device)):
         if value is not None:
@@ -312,9 +324,10 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
             code = analyze_flips_in(stage, note_lines(quiet))
             if code:
                 raise StepFailed(code)
+            recheck_protocol(prereg, protocol)
             write_manifest(stage, "replay", combined_predicate(
                 {"a": stage / "arm-a", "b": stage / "arm-b"},
-                {"replay": "teacher-forced-pair", **span.as_dict(), "layout": PAIR_LAYOUT}))
+                {"replay": "teacher-forced-pair", **span.as_dict(), "layout": PAIR_LAYOUT}, protocol))
     except StepFailed as failed:
         return failed.code
     return 0
