@@ -32,7 +32,9 @@ from alibi.conform import (
 from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
 from alibi.kernels import get_kernel
 from alibi.kernels.base import Kernel
+from alibi.numerics import bits, ulp_distance
 from alibi.report import why_sentence
+from alibi.tile import Tile
 
 
 def unit(kernel_a, kernel_b, tile, regime="real", **kw):
@@ -98,6 +100,31 @@ def test_exact_accumulator_fires_on_a_wrong_accumulator_and_is_inapplicable_when
     assert status(Reference(), Reference(), tile, "exact-accumulator") == "passed"
     v = checks.exact_accumulator(torch.zeros(2, 2, dtype=torch.int64), None, None)
     assert v.status == "inapplicable"
+
+
+def test_exact_accumulator_holds_an_int32_accumulator_to_the_wrapped_exact_sum_beyond_int32_range():
+    """Check 4 on a tile whose exact accumulator leaves int32 (K = 132105 > the 16384-product bound, both signs):
+    an int32 register holds the two's-complement wrap of the exact sum, so torch._int_mm's accumulator must pass and
+    one holding any other int32 (here the exact sum saturated to the int32 range) must fire."""
+    K = 132105
+    a = torch.full((1, K), -128, dtype=torch.int8)
+    w = torch.stack([torch.full((K,), -128, dtype=torch.int8), torch.full((K,), 127, dtype=torch.int8)])
+    exact = exact_accumulator(a, w)
+    assert exact.tolist() == [[16384 * K, -16256 * K]] and 16384 * K > 2**31 - 1 and -16256 * K < -(2**31)
+    kernel = get_kernel("torch-cpu")
+    wrapped = kernel.accumulator(a, w)
+    assert wrapped.dtype == torch.int32 and wrapped.tolist() == [[16384 * K - 2**32, -16256 * K + 2**32]]
+    v = checks.exact_accumulator(exact, wrapped, None)
+    assert v.status == "passed" and v.evidence == {"exposed_by": ["a"]}
+    saturated = exact.clamp(-(2**31), 2**31 - 1).to(torch.int32)
+    v = checks.exact_accumulator(exact, wrapped, saturated)
+    assert v.status == "fired" and sorted(v.evidence["mismatches"]) == ["b"]
+    assert v.evidence["mismatches"]["b"] == {"n_differing": 2, "first": [0, 0], "got": 2**31 - 1,
+                                             "expected": 16384 * K - 2**32}
+    # the same through the pipeline: both arms expose int32 accumulators of a tile check 2 flags
+    u = unit(kernel, Reference(), Tile("beyond-int32", a, torch.ones(1), w, torch.ones(2)), invariance=False)
+    assert u.verdict("int32-no-overflow").status == "fired"
+    assert u.verdict("exact-accumulator").status == "passed"
 
 
 def test_pow2_identity_fires_on_any_bit_difference_and_applies_only_to_pow2_scales(tile):
@@ -260,6 +287,26 @@ def test_real_scale_tolerance_without_a_finite_pair_is_inapplicable_unless_the_n
     nan = torch.full((2, 2), float("nan")).to(torch.bfloat16)
     v = checks.real_scale_tolerance(inf, nan, True)
     assert v.status == "fired" and v.evidence["n_nonfinite_mismatch"] == 4 and v.evidence["max_ulp"] is None
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_real_scale_tolerance_passes_a_pair_exactly_threshold_ulps_apart_and_fires_at_threshold_plus_one(threshold,
+                                                                                                         dtype):
+    """Check 6's boundary: `d > threshold` fires. The pairs are built on bit patterns (one ulp is one step of the
+    pattern within a binade), so each distance is exactly the one named; one element stays equal."""
+    out_a = torch.tensor([1.0, -3.5, 0.0, 1000.0], dtype=dtype)
+    for distance, status in ((threshold, "passed"), (threshold + 1, "fired")):
+        out_b = out_a.clone()
+        b = bits(out_b)  # a view: writing it moves out_b
+        b[0] += distance  # 1.0 up
+        b[1] += distance  # -3.5 away from zero
+        b[3] -= distance  # 1000 down
+        assert ulp_distance(out_a, out_b).tolist() == [distance, distance, 0, distance]
+        v = checks.real_scale_tolerance(out_a, out_b, True, threshold)
+        assert v.status == status, (distance, v.detail)
+        assert v.threshold == threshold and v.evidence["max_ulp"] == distance
+        assert v.evidence["n_over_threshold"] == (3 if status == "fired" else 0)
 
 
 # --- issue 12: bias-aware checks, predicted against observed, near-zero elements ------------------

@@ -138,6 +138,49 @@ def test_float64_to_bf16_avoids_the_double_rounding_of_going_through_fp32():
     assert round_f64_to_bf16(torch.tensor([x], dtype=torch.float64)).item() == 1 + 2**-7
 
 
+def _midpoint_cases() -> list[tuple[float, float, str]]:
+    """(x, its correct bf16 rounding, what x is) around the midpoints m = L + ulp/2 of bf16 neighbours L, L + ulp.
+
+    L is even and odd (last significand bit), normal at several binades and subnormal, of both signs. x is m − ε,
+    m + ε and m itself, with ε = ulp·2⁻³⁰: below half an fp32 ulp of m, so fp32's nearest rounding lands on m
+    exactly and only the round-to-odd step keeps the side (fp64 holds m ± ε exactly: m has at most 9 bits)."""
+    cases = []
+    for significand in (0x80, 0x81, 0xC6, 0xFF):  # 8-bit significands: even, odd, even, odd
+        for exponent in (-7, 53, -107, -133):  # ulp = 2^exponent; -133 is the bf16 (= fp32) subnormal ulp
+            ulp = Fraction(2) ** exponent
+            low = (significand if exponent > -133 else significand - 0x80) * ulp  # subnormal: below 2^-126
+            for sign in (1, -1):
+                m = low + ulp / 2
+                eps = ulp * Fraction(2) ** -30
+                odd = (significand & 1) == 1
+                for x, want, what in ((m - eps, low, "just below"), (m + eps, low + ulp, "just above"),
+                                      (m, low + ulp if odd else low, "exactly on")):
+                    named = f"{what} the midpoint above {'odd' if odd else 'even'} {math.copysign(float(low), sign)!r}"
+                    cases.append((float(sign * x), math.copysign(float(want), sign), named))
+    return cases
+
+
+def test_float64_to_bf16_rounds_either_side_of_a_midpoint_to_that_side_and_ties_to_even():
+    """The round-to-odd step: truncating to fp32 keeps values just below a midpoint below it, the sticky odd bit keeps
+    values just above it above (a plain truncation would make them ties), and an exact tie stays a tie (even)."""
+    cases = _midpoint_cases()
+    assert len({c[2] for c in cases}) == len(cases) == 96
+    x = torch.tensor([c[0] for c in cases], dtype=torch.float64)
+    want = [c[1] for c in cases]
+    assert [Fraction(v) for v in x.tolist()] == [Fraction(c[0]) for c in cases]  # the inputs are exactly as built
+    assert [Fraction(w) for w in want] == [round_nearest_even(Fraction(c[0]), BF16) for c in cases]  # the reference
+    expected = torch.tensor(want, dtype=torch.float64).to(torch.bfloat16)  # exact: each is a bf16 value
+    assert expected.double().tolist() == want and sum(math.copysign(1, w) < 0 for w in want) == len(want) // 2
+    got = round_f64_to_bf16(x)
+    wrong = [what for what, ok in zip((c[2] for c in cases), (bits(got) == bits(expected)).tolist()) if not ok]
+    assert not wrong, f"{len(wrong)} of {len(cases)} rounded to the wrong side: {wrong[:6]}"
+    # nearest-even twice (through fp32) errs exactly where the side is lost: above an even, below an odd neighbour
+    twice = x.to(torch.float32).to(torch.bfloat16)
+    lost = {what for what in (c[2] for c in cases) if what.startswith(("just above the midpoint above even",
+                                                                        "just below the midpoint above odd"))}
+    assert {c[2] for c, ok in zip(cases, (bits(twice) == bits(expected)).tolist()) if not ok} == lost and lost
+
+
 def test_bits_gives_the_ieee_pattern():
     assert bits(f32(1.0)).item() == struct.unpack("<i", struct.pack("<f", 1.0))[0]
     assert bits(torch.tensor([-0.0], dtype=torch.bfloat16)).item() == -0x8000
