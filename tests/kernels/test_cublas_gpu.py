@@ -58,20 +58,6 @@ def test_cublas_accumulator_equals_the_int64_reference(kernel, M, N, K):
     assert acc.dtype == torch.int32 and torch.equal(acc.to(torch.int64), exact_accumulator(a, w))
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 1000, 1536), (512, 4096, 4096), (4096, 1001, 576)])
-@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_cublas_with_bias_adds_it_in_a_separate_fp32_rounding(kernel, M, N, K, bias_dtype, out_dtype):
-    a, s_a, w, s_w, bias = _operands(M, N, K, seed=7, bias_dtype=bias_dtype)
-    out = kernel.scaled_mm(a.cuda(), s_a.cuda(), w.cuda(), s_w.cuda(), bias.cuda(), out_dtype).cpu()
-    acc = exact_accumulator(a, w)
-    expected = apply_epilogue(kernel.epilogue, acc, s_a, s_w, bias, out_dtype)
-    assert int((_bits(out) != _bits(expected)).sum()) == 0
-    fused = apply_epilogue(EpilogueModel("w_then_a", "fma"), acc, s_a, s_w, bias, out_dtype)
-    if not torch.equal(_bits(fused), _bits(expected)):  # no silent FMA contraction either
-        assert not torch.equal(_bits(out), _bits(fused))
-
-
 def test_cublas_all_minus_128_operands_at_k_32768_accumulate_exactly(kernel):
     a = torch.full((16, 32768), -128, dtype=torch.int8)
     w = torch.full((40, 32768), -128, dtype=torch.int8)

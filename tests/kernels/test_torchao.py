@@ -13,7 +13,6 @@ from alibi.identify import identify  # noqa: E402
 from alibi.kernels import get_kernel  # noqa: E402
 from alibi.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.synthetic import synthetic_tiles  # noqa: E402
-from alibi.tile import Tile  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +53,14 @@ def test_torchao_receives_exactly_alibis_operands(kernel, monkeypatch):
     assert bitwise_equal(weight.scale.flatten(), tile.s_w) and torch.equal(weight.qdata, tile.w_q)
 
 
-def test_torchao_int8_equals_its_declared_model_with_an_intermediate_rounding(kernel, probe):
+def test_torchao_int8_is_not_the_same_program_without_its_intermediate_rounding(kernel, probe):
+    """Its bits are its declared model's (tests/kernels/test_kernel_contract.py); the intermediate rounding in that
+    model is not a detail: without it the same program gives other bits on every tile here."""
     tiles = probe + synthetic_tiles("smollm2-135m-bias")[:2]
     for tile in tiles:
         out = kernel.run(tile).out
-        assert bitwise_equal(out, run_model(TORCHAO_INT8, tile)), tile.name
-        # ... and the same program without the intermediate rounding is not what TorchAO computes
         plain = run_model(EpilogueModel("a_then_w", "add_before_cast"), tile)
-        assert int((~bitwise_equal_mask(out, plain)).sum()) > 0
-
-
-def test_torchao_int8_equals_its_model_with_fp16_output_too(kernel):
-    tile = synthetic_tiles("tiny")[0]
-    tile = tile.replace(out_dtype=torch.float16, bias=torch.linspace(-1, 1, tile.N, dtype=torch.float16))
-    assert bitwise_equal(kernel.run(tile).out, run_model(TORCHAO_INT8, tile))
+        assert int((~bitwise_equal_mask(out, plain)).sum()) > 0, tile.name
 
 
 def test_identify_names_torchao_int8s_declared_model_as_the_only_match(kernel, probe):
@@ -102,10 +95,3 @@ def test_torchao_int_scaled_mm_says_why_it_cannot_run_without_cuda():
         pytest.skip("a GPU is here")
     ok, reason = get_kernel("torchao-int-scaled-mm").available()
     assert not ok and "CUDA" in reason
-
-
-@pytest.mark.gpu
-def test_torchao_int_scaled_mm_equals_the_same_declared_model_on_the_gpu(probe):
-    k = get_kernel("torchao-int-scaled-mm")
-    for tile in probe + synthetic_tiles("smollm2-135m-bias")[:2]:
-        assert bitwise_equal(k.run(tile).out, run_model(TORCHAO_INT8, tile)), tile.name

@@ -3,7 +3,9 @@
 fp8 products are exact but their fp32 sums round, so the accumulator is measured against the exact
 sum (`a.double() @ w.double().T`, exact: e4m3 products have ≤ 8 significant bits and the sums of
 K ≤ 65536 of them fit fp64's 53), never assumed equal to it. Without CUDA the kernel runs under the
-Triton interpreter; tests marked `gpu` repeat the claims at production shapes.
+Triton interpreter; tests marked `gpu` repeat the claims at production shapes. The model of its own
+accumulator on the shared grid (M = 1, ragged N and K, every bias and output dtype) is
+tests/kernels/test_kernel_contract.py's.
 """
 
 import json
@@ -75,21 +77,6 @@ def test_triton_fp8_refuses_int8_operands(fp8_kernel):
     a = torch.zeros(2, 16, dtype=torch.int8)
     with pytest.raises(InputError, match="float8_e4m3fn"):
         fp8_kernel.scaled_mm(a, torch.ones(2), a, torch.ones(2))
-
-
-@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16], ids=["nobias", "bias"])
-@pytest.mark.parametrize("per_tensor", [True, False], ids=["per_tensor", "per_row"])
-@pytest.mark.parametrize("M,K,N", [(1, 300, 50), (37, 700, 50), (130, 260, 70)])
-def test_fp8_output_equals_the_model_applied_to_its_own_accumulator_bit_for_bit(fp8_kernel, M, K, N, per_tensor,
-                                                                               bias_dtype, out_dtype):
-    a, s_a, w, s_w = _operands(M, K, N, seed=M + K, per_tensor=per_tensor)
-    g = torch.Generator().manual_seed(N)
-    bias = None if bias_dtype is None else (torch.randn(N, generator=g) * 4).to(bias_dtype)
-    acc = fp8_kernel.accumulator(*_on(fp8_kernel, a, w)).cpu()
-    out = fp8_kernel.scaled_mm(*_on(fp8_kernel, a, s_a, w, s_w, bias), out_dtype).cpu()
-    assert acc.dtype == torch.float32 and out.dtype == out_dtype
-    assert bitwise_equal(out, apply_epilogue(VLLM_TRITON, acc, s_a, s_w, bias, out_dtype))
 
 
 def test_a_per_tensor_scale_gives_the_same_bits_as_the_same_value_per_row(fp8_kernel):

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from alibi.emulator import VLLM_TRITON, EpilogueModel, apply_epilogue, exact_accumulator, fma_f32, run_model
+from alibi.emulator import VLLM_TRITON, EpilogueModel, exact_accumulator, fma_f32, run_model
 from alibi.identify import identify
 from alibi.kernels import get_kernel, kernel_names
 from alibi.kernels.triton_int8 import fused_multiply_add_f32, interpreted, launch
@@ -128,42 +128,12 @@ def test_fused_multiply_add_equals_the_exact_emulator_on_the_probe_epilogue_and_
     assert torch.equal(bits(ours), bits(fma_f32(x, y, z)))
 
 
-# --- the kernel against the model ---------------------------------------------------------------
+# --- the kernel against the model (its bits on the shared grid: tests/kernels/test_kernel_contract.py) -----
 
 def test_new_kernel_is_registered_and_declares_w_then_a_fma(fma_kernel):
     assert "triton:w_then_a+fma" in kernel_names() and "triton" in kernel_names()
     assert fma_kernel.epilogue == W_THEN_A_FMA
     assert get_kernel("triton").epilogue == VLLM_TRITON
-
-
-@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
-@pytest.mark.parametrize("bias_dtype", [None, torch.float32, torch.bfloat16])
-def test_new_kernel_equals_emulator_w_then_a_fma_bit_for_bit_on_the_probes(fma_kernel, probe_tiles, out_dtype,
-                                                                             bias_dtype):
-    emulator = get_kernel("emulator:w_then_a+fma")
-    tile = probe_tiles[0 if bias_dtype is None else 1]
-    tile = replace(tile, out_dtype=out_dtype, bias=None if bias_dtype is None else tile.bias.to(bias_dtype))
-    out = fma_kernel.run(_device_tile(fma_kernel, tile)).out.cpu()
-    ref = emulator.run(tile).out
-    assert bitwise_equal(out, ref), f"{_n_diff(out, ref)} elements differ"
-
-
-@pytest.mark.parametrize("M,K,N", [(1, 40, 24), (5, 300, 70), (17, 129, 65)])
-@pytest.mark.parametrize("bias_dtype", [None, torch.float32, torch.bfloat16, torch.float16])
-def test_new_kernel_equals_the_model_at_ragged_shapes_with_real_scales(fma_kernel, M, K, N, bias_dtype):
-    g = torch.Generator().manual_seed(M * 1000 + K + N)
-    a = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g)
-    w = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g)
-    s_a = torch.rand(M, generator=g) * 0.15 + 4e-3
-    s_w = torch.rand(N, generator=g) * 1e-2 + 1e-4
-    bias = None if bias_dtype is None else (torch.randn(N, generator=g) * 4).to(bias_dtype)
-    dev = fma_kernel.torch_device()
-    acc = exact_accumulator(a, w)
-    for out_dtype in OUT_DTYPES:
-        out = fma_kernel.scaled_mm(a.to(dev), s_a.to(dev), w.to(dev), s_w.to(dev),
-                                   None if bias is None else bias.to(dev), out_dtype).cpu()
-        ref = apply_epilogue(W_THEN_A_FMA, acc, s_a, s_w, bias, out_dtype)
-        assert bitwise_equal(out, ref), f"{out_dtype}: {_n_diff(out, ref)} elements differ"
 
 
 def test_identify_names_w_then_a_fma_and_only_it_for_the_new_kernel(fma_kernel, probe_tiles):
