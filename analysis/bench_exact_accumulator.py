@@ -3,7 +3,10 @@
 Both run in this one process, interleaved, on the same operands; the ratio is what is reported
 (throughput of the exact accumulator / throughput of the plain fp64 GEMM, higher is better).
 
-    python analysis/bench_exact_accumulator.py [--out analysis/results/cpu/exact_accumulator.json]
+    python analysis/bench_exact_accumulator.py [--out analysis/results/cpu/exact-accumulator/exact_accumulator.json]
+
+The committed result (with a manifest naming the commit) is made from a clean worktree by
+`python analysis/remake_cpu_results.py --out DIR exact-accumulator`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def best_of(fn, repeats: int, batch_s: float = 0.3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="analysis/results/cpu/exact_accumulator.json")
+    parser.add_argument("--out", default="analysis/results/cpu/exact-accumulator/exact_accumulator.json")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     g = torch.Generator().manual_seed(0)

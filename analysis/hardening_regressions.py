@@ -114,6 +114,16 @@ _RESUME_TRUST = ("test_an_edited_unit_with_an_impossible_count_is_refused_on_res
                  "test_verify_units_recomputes_stored_units_and_refuses_one_that_differs",
                  "test_verify_units_without_resume_is_refused")
 
+_PREREG_REPLAY = ("test_a_pre_registered_arm_manifest_pins_the_lock_hash_and_head",
+                  "test_a_protocol_that_cannot_be_relied_on_is_one_line_exit_2_and_nothing_written",
+                  "test_an_amendment_while_the_replay_runs_leaves_nothing_written",
+                  "test_prereg_overlapping_the_output_and_prereg_with_vllm_are_refused_in_one_line",
+                  "test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder",
+                  "test_the_pair_refuses_an_arm_whose_manifest_records_another_protocol")
+_REPLAY_KILL = ("test_a_fresh_teacher_forced_arm_killed_at_any_write_leaves_nothing_or_the_complete_arm",
+                "test_an_overwriting_teacher_forced_arm_killed_at_any_write_leaves_the_old_arm_or_the_new_one",
+                "test_a_teacher_forced_pair_killed_at_any_write_leaves_nothing_or_the_complete_pair")
+
 FIXES: tuple[Fix, ...] = (
     Fix("62dffba", "hostile tiles: header-only read, element budget, one seed rule, bounded JSON/YAML"),
     Fix("107ca56", "source.synthetic.rows over the element budget", before="62dffba^"),
@@ -230,6 +240,22 @@ FIXES: tuple[Fix, ...] = (
     Fix("fd50fe0", "issue 26 #9: results pinned by commit and source digest, the study by its lock hash",
         before=_ISSUE_26),
     Fix("729ba1a", "issue 26 #10: the Dockerfile's torch is the README's", before=_ISSUE_26),
+    Fix("ede9515", "issue 26 #2: run --resume with no run folder falls back to a fresh run, named on one line",
+        before=_ISSUE_26),
+    Fix("35fc8d3", "issue 26 #9: a pre-registered replay's manifests pin the protocol's lock and head",
+        before=_ISSUE_26, only=_PREREG_REPLAY),
+    # The replay already staged its writes at 2a29ac7 (the kill tests fail there only for --prereg, which they
+    # use): each is held against HEAD's code with the arm, or the pair, written straight into --out instead.
+    Fix("35fc8d3", "issue 26 #2: every kill point of replay teacher-forced recoverable (the arm)", before="HEAD",
+        only=_REPLAY_KILL[:2], mutations=(Mutation(
+            "alibi/replay/teacher_forced.py", "    with atomic.staged_dir(out) as stage:\n        write_records(",
+            "    if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n        write_records(",
+            "an arm written straight into --out"),)),
+    Fix("35fc8d3", "issue 26 #2: every kill point of replay teacher-forced recoverable (the pair)", before="HEAD",
+        only=_REPLAY_KILL[2:], mutations=(Mutation(
+            "alibi/replay/teacher_forced.py", "        with atomic.staged_dir(out) as stage:\n            for label",
+            "        if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n            for label",
+            "the pair written straight into --out"),)),
 )
 
 

@@ -1,5 +1,5 @@
-"""Give every committed result folder that records its code only as a `SOURCE_COMMIT` text file a
-manifest with that commit and its source digest (issue 26).
+"""Give every committed result folder that records its code only as a `SOURCE_COMMIT` text file (or only
+inside its own JSON result) a manifest with that commit and its source digest (issue 26).
 
 Such folders (session logs, JSON results and archives made on the GPU machine before manifests
 covered them) named the commit that ran in a text file only. This writes `manifest.json` (kind
@@ -10,7 +10,9 @@ the bytes and `alibi manifest provenance` finds the commit. Nothing is measured 
 environment of the run is the one the folder's own `env*.txt` and README describe, and the
 manifest names those files instead of this machine's (`environment.described_in`).
 `toolkit.pinned_after_the_fact: true` says the manifest was written after the results, from the
-recorded commit, not by the run itself. A pre-registered study's folder (`PREREGISTERED`) also gets
+recorded commit, not by the run itself. A folder in RECORDED_IN_RESULT has no SOURCE_COMMIT file:
+its JSON result carries the `toolkit` record the run itself wrote (commit, `git_dirty: false`, source
+digest); that commit is taken only when its sources have exactly that digest. A pre-registered study's folder (`PREREGISTERED`) also gets
 `protocol`: the lock hash and amendment head of its protocol folder in that commit's tree, so
 "locked before measured" rests on the commit the results name, not on self-reported times.
 
@@ -33,8 +35,36 @@ PREREGISTERED = {"h200/tokens": "prereg/smollm2-token-transfer",
                  **{f"h200/determinism/{part}": "prereg/smollm2-token-transfer" for part in ("greedy", "probe", "study")}}  # when the manifests were written (fixed: a re-run gives the same bytes)
 
 
+# result folder (relative to RESULTS) -> its JSON result whose `toolkit` record (written by the run) names the commit
+RECORDED_IN_RESULT = {"cpu/runner-bench": "bench-runner.json",
+                      # moved from cpu/pow2_cost.{json,md} into a folder of its own to carry the manifest;
+                      # made again it takes over an hour here (the deterministic runner is the default now)
+                      "cpu/pow2-cost": "pow2_cost.json"}
+
+
+def recorded_commit(result: Path) -> str:
+    """The commit a JSON result's own `toolkit` record names, when the run recorded a clean tree and that
+    commit's `alibi/` sources have the digest it recorded; ValueError otherwise."""
+    import json
+
+    from alibi.governance.provenance import commit_source_digest
+
+    toolkit = json.loads(result.read_text(encoding="utf-8")).get("toolkit") or {}
+    commit, digest = toolkit.get("git_commit"), (toolkit.get("source_digest") or {}).get("sha256")
+    if not commit or toolkit.get("git_dirty") is not False:
+        raise ValueError(f"{result}: its toolkit record names no commit of a clean tree ({commit}, git_dirty "
+                         f"{toolkit.get('git_dirty')}); it cannot be pinned after the fact")
+    if commit_source_digest(REPO, commit) != digest:
+        raise ValueError(f"{result}: commit {commit[:12]}'s sources do not have the digest it records")
+    return commit
+
+
 def source_commit(folder: Path) -> str:
-    """The one commit the folder's SOURCE_COMMIT file(s) name; ValueError when they disagree."""
+    """The one commit the folder's SOURCE_COMMIT file(s) name (or its JSON result records, RECORDED_IN_RESULT);
+    ValueError when they disagree."""
+    recorded = RECORDED_IN_RESULT.get(folder.relative_to(RESULTS).as_posix())
+    if recorded is not None:
+        return recorded_commit(folder / recorded)
     commits = {p.read_text().split()[0] for p in sorted(folder.glob("SOURCE_COMMIT*"))}
     if len(commits) != 1:
         raise ValueError(f"{folder}: its SOURCE_COMMIT files name {sorted(commits)}; pin each result on its own")
@@ -42,8 +72,8 @@ def source_commit(folder: Path) -> str:
 
 
 def folders() -> list[Path]:
-    """Result folders that record their code only in SOURCE_COMMIT files."""
-    return sorted({p.parent for p in RESULTS.rglob("SOURCE_COMMIT*")})
+    """Result folders that record their code only in SOURCE_COMMIT files, or only in their JSON result."""
+    return sorted({p.parent for p in RESULTS.rglob("SOURCE_COMMIT*")} | {RESULTS / f for f in RECORDED_IN_RESULT})
 
 
 def _git_show(commit: str, path: str) -> bytes | None:
@@ -74,7 +104,8 @@ def predicate(folder: Path) -> dict:
     from alibi.governance.provenance import commit_source_digest
 
     commit = source_commit(folder)
-    protocol = PREREGISTERED.get(folder.relative_to(RESULTS).as_posix())
+    rel = folder.relative_to(RESULTS).as_posix()
+    protocol = PREREGISTERED.get(rel)
     return {
         "toolkit": {"name": "integer-alibi", "git_commit": commit,
                     "source_digest": {"sha256": commit_source_digest(REPO, commit)},
@@ -82,7 +113,8 @@ def predicate(folder: Path) -> dict:
         "environment": {"described_in": sorted(p.name for p in folder.glob("env*.txt")) +
                         (["README.md"] if (folder / "README.md").is_file() else [])},
         "inputs": {}, "seed": None, "treatment": None, "arms": None,
-        "parameters": {"source_commit_files": sorted(p.name for p in folder.glob("SOURCE_COMMIT*"))},
+        "parameters": ({"commit_recorded_in": RECORDED_IN_RESULT[rel]} if rel in RECORDED_IN_RESULT else
+                       {"source_commit_files": sorted(p.name for p in folder.glob("SOURCE_COMMIT*"))}),
         "protocol": None if protocol is None else protocol_at(commit, protocol),
         "run": {"created_at": CREATED_AT},
     }

@@ -11,11 +11,13 @@ Every number comes from running the `alibi` commands themselves (recorded verbat
 one at a time, so the table can be reproduced command by command:
 
     python analysis/pow2_cost.py --prompts experiments/prompts/wikipedia-8x512 --work /tmp/pow2-cost \\
-        --out analysis/results/cpu/pow2_cost
+        --out analysis/results/cpu/pow2-cost/pow2_cost
 
 `--model-dir` (default WORK/smol) is prepared with `alibi model prepare smollm2-135m` if missing; the
 prompt set with `alibi prompts build --wikipedia GENSIM_WHEEL` if `--prompts` does not exist and
-`--wikipedia` is given. Writes OUT.json and OUT.md.
+`--wikipedia` is given. Writes OUT.json and OUT.md. Run it from a clean checkout of a commit (or through
+`python analysis/remake_cpu_results.py --out DIR pow2-cost`, which makes one and writes the manifest): the
+committed result (analysis/results/cpu/pow2-cost/) is pinned to the commit its JSON records.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, required=True, help="the 8×512 Wikipedia prompt set")
     parser.add_argument("--wikipedia", type=Path, help="gensim 4.4.0 wheel, to build --prompts if missing")
     parser.add_argument("--work", type=Path, required=True, help="scratch folder (checkpoints, captures, reports)")
-    parser.add_argument("--out", type=Path, default=Path("analysis/results/cpu/pow2_cost"), help="OUT.json, OUT.md")
+    parser.add_argument("--out", type=Path, default=Path("analysis/results/cpu/pow2-cost/pow2_cost"), help="OUT.json, OUT.md")
     args = parser.parse_args()
     if args.work.exists():
         sys.exit(f"{args.work}: exists; pass a fresh --work folder so every number comes from this run")

@@ -11,7 +11,7 @@
 # available (ALIBI_CUTLASS_INCLUDE / ALIBI_CACHE as for any other GPU run). About 1–2 minutes
 # on an H200 once CUTLASS is built; `timeout 240` is a safe bound.
 #
-# Steps: (1) rewrite w8a8/ with the variant analysis/results/cpu/pow2_cost.md recommends
+# Steps: (1) rewrite w8a8/ with the variant analysis/results/cpu/pow2-cost/pow2_cost.md recommends
 # (--mode ceil --requantize-from bf16/); (2) `alibi eval generate`, 8 prompts × 32 new tokens,
 # with --kernel cutlass and --kernel triton on the real-scale and on the pow2 checkpoint;
 # (3) in one process: count sequences on which the kernels agree, and time the kernels on both

@@ -18,9 +18,12 @@ holds is prose written by hand: it is copied from the commit's own tree, so the 
 
     python analysis/remake_cpu_results.py --out /tmp/remade [--commit HEAD] [RESULT ...]
 
-RESULT: any of the names in RESULTS (default: all). Wall time on the 2-core AMD EPYC: about 15 minutes,
-most of it pow2-cost (a real SmolLM2-135M: 6 pow2 rewrites, 8 perplexities, 7 captures and conforms),
-ecosystem-matrix (the Triton interpreter) and mutants/emulator-w_then_a.
+RESULT: any of the names in RESULTS (default: all). Wall time on the 2-core AMD EPYC: about 10 minutes
+without pow2-cost, most of it ecosystem-matrix (the Triton interpreter) and mutants/emulator-w_then_a.
+pow2-cost (a real SmolLM2-135M: 6 pow2 rewrites, 8 perplexities, 7 captures and conforms) took 264 s when it
+was first made, with the libraries' own kernels; with the deterministic runner, the default since, its first
+perplexity alone took over 7 minutes here, so the committed pow2-cost is instead pinned from the clean-tree
+toolkit record its own JSON carries (analysis/pin_results.py, RECORDED_IN_RESULT).
 """
 
 from __future__ import annotations
