@@ -256,6 +256,11 @@ FIXES: tuple[Fix, ...] = (
             "alibi/replay/teacher_forced.py", "        with atomic.staged_dir(out) as stage:\n            for label",
             "        if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n            for label",
             "the pair written straight into --out"),)),
+    Fix("247c985", "issue 26 #9: every committed result tied to a commit by a manifest, or registered as not",
+        before=_ISSUE_26, only=("test_every_committed_result_is_tied_to_a_commit_or_registered_as_not",
+                                "test_every_register_entry_says_why_and_what_would_make_it_again_and_is_still_unpinned",
+                                "test_a_result_that_names_its_commit_only_inside_its_json_has_a_manifest_pinning_that_commit",
+                                "test_a_json_result_of_a_dirty_tree_cannot_be_pinned_after_the_fact")),
 )
 
 

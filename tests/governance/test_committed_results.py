@@ -290,16 +290,21 @@ def _pin_results():
     return module
 
 
-@pytest.mark.parametrize("folder", sorted(_pin_results().RECORDED_IN_RESULT))
+RECORDED_IN_RESULT = {"cpu/runner-bench": "bench-runner.json", "cpu/pow2-cost": "pow2_cost.json"}
+
+
+@pytest.mark.parametrize("folder", sorted(RECORDED_IN_RESULT))
 def test_a_result_that_names_its_commit_only_inside_its_json_has_a_manifest_pinning_that_commit(folder):
-    """cpu/runner-bench's JSON carries the toolkit record its run wrote (a clean tree at 220a03a), and no
-    manifest did: analysis/pin_results.py pins it after the fact, from that record only."""
+    """cpu/runner-bench's and cpu/pow2-cost's JSON carry the toolkit record their run wrote (a clean tree at
+    220a03a, 4c0fb39), and no manifest did: analysis/pin_results.py pins each after the fact, from that
+    record only."""
     import json
 
     from alibi.governance.provenance import commit_source_digest
 
+    assert _pin_results().RECORDED_IN_RESULT == RECORDED_IN_RESULT
     path = RESULTS / folder
-    recorded = json.loads((path / _pin_results().RECORDED_IN_RESULT[folder]).read_text())["toolkit"]
+    recorded = json.loads((path / RECORDED_IN_RESULT[folder]).read_text())["toolkit"]
     toolkit = read_manifest(path).predicate["toolkit"]
     assert recorded["git_dirty"] is False and toolkit["git_commit"] == recorded["git_commit"]
     assert toolkit["source_digest"] == recorded["source_digest"] and toolkit["pinned_after_the_fact"] is True
