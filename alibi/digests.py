@@ -7,7 +7,7 @@ change, and not otherwise, and `sha256sum -c` can check a listing written out (t
 are its separator). Every folder digest of the toolkit
 is built on `sha256_listing`: a manifest folder (`alibi.governance.manifest.digest_tree`), a
 checkpoint (the same function over the checkpoint's own file list), the toolkit's source
-(`alibi.governance.environment.source_digest`), a kernel's source (`kernel_build_digest`) and an
+(`alibi.governance.provenance.source_digest`), a kernel's source (`kernel_build_digest`) and an
 in-memory tile set.
 
 A leaf module (no alibi import but `alibi.errors`) so that every layer can use it without a cycle.

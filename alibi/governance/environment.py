@@ -16,12 +16,12 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+
+from pathlib import Path
 from typing import Any
 
 import alibi
-from alibi.digests import sha256_bytes, sha256_listing
+from alibi.governance.provenance import commit_source_digest, is_source_file, source_digest
 
 _GIT_TIMEOUT_S = 5
 
@@ -110,8 +110,6 @@ def working_tree() -> WorkingTree:
     tk = toolkit()
     if tk.git_commit is None:
         return WorkingTree(None, (), None)
-    from alibi.governance.provenance import commit_source_digest
-
     root = Path(alibi.__file__).resolve().parent.parent
     package = Path(alibi.__file__).resolve().parent.name
     try:
@@ -124,21 +122,6 @@ def working_tree() -> WorkingTree:
     changed = tuple(line[3:] for line in status.splitlines()
                     if line[3:].startswith(package + "/") and is_source_file(line[3:][len(package) + 1:]))
     return WorkingTree(False, changed, tk.git_commit)
-
-
-SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
-
-
-def is_source_file(relative: str) -> bool:
-    """Whether a file (path relative to the package folder) counts towards the source digest."""
-    return relative.endswith(SOURCE_SUFFIXES) and "__pycache__" not in relative.split("/")
-
-
-def source_digest(files: Mapping[str, bytes]) -> str:
-    """sha256 of the `sha256sum`-style listing of `files` (path relative to the package folder →
-    bytes), in path order: the toolkit's `source_digest`, computable from a working tree or from
-    any commit's tree (see `alibi.governance.provenance`)."""
-    return sha256_listing((rel, sha256_bytes(files[rel])) for rel in sorted(files, key=PurePosixPath))
 
 
 def _source_sha256() -> str:

@@ -2,7 +2,7 @@
 
 Results computed on a copy of the working tree without git history (the GPU machine gets such a
 copy) record `git_commit: null` but always a `source_digest`: the sha256 of the listing of the
-package's source files (`alibi.governance.environment.source_digest`). The same listing can be
+package's source files (`source_digest` below). The same listing can be
 computed from any commit's tree straight from the object store, so a result can be tied to the
 commit(s) whose `alibi/` sources are byte for byte the code that ran — or shown to match none,
 which means it ran on uncommitted code.
@@ -16,15 +16,30 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from alibi.digests import sha256_bytes, sha256_listing
 from alibi.errors import InputError
-from alibi.governance.environment import is_source_file, source_digest
 
 PACKAGE = "alibi"
+
+
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")
+
+
+def is_source_file(relative: str) -> bool:
+    """Whether a file (path relative to the package folder) counts towards the source digest."""
+    return relative.endswith(SOURCE_SUFFIXES) and "__pycache__" not in relative.split("/")
+
+
+def source_digest(files: Mapping[str, bytes]) -> str:
+    """sha256 of the `sha256sum`-style listing of `files` (path relative to the package folder →
+    bytes), in path order: the toolkit's `source_digest`, computable from a working tree or from
+    any commit's tree (see `alibi.governance.provenance`)."""
+    return sha256_listing((rel, sha256_bytes(files[rel])) for rel in sorted(files, key=PurePosixPath))
 
 
 @dataclass(frozen=True)

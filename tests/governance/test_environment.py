@@ -81,9 +81,8 @@ def test_every_manifest_records_the_cpu_model_and_isa():
 
 def test_working_tree_is_clean_exactly_when_the_source_digest_is_heads(monkeypatch):
     real = env.toolkit()
-    from alibi.governance import provenance
 
-    monkeypatch.setattr(provenance, "commit_source_digest", lambda repo, commit: real.source_digest["sha256"])
+    monkeypatch.setattr(env, "commit_source_digest", lambda repo, commit: real.source_digest["sha256"])
     assert env.working_tree().clean is (True if real.git_commit else None)
-    monkeypatch.setattr(provenance, "commit_source_digest", lambda repo, commit: "0" * 64)
+    monkeypatch.setattr(env, "commit_source_digest", lambda repo, commit: "0" * 64)
     assert env.working_tree().clean is (False if real.git_commit else None)

@@ -10,8 +10,7 @@ import pytest
 
 from alibi.cli import main
 from alibi.errors import InputError
-from alibi.governance.environment import source_digest
-from alibi.governance.provenance import commit_source_digest, find_provenance
+from alibi.governance.provenance import commit_source_digest, find_provenance, source_digest
 
 
 def _git(repo: Path, *args: str) -> str:
