@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable
 from typing import BinaryIO
 
@@ -61,4 +62,14 @@ def sha256_listing(entries: Iterable[tuple[str, str]], header: str = "") -> str:
     return sha256_bytes((header + listing(entries)).encode("utf-8"))
 
 
-__all__ = ["CHUNK", "listing", "sha256_bytes", "sha256_file", "sha256_listing", "sha256_stream"]
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def digest_set(hex_digest: str) -> dict[str, str]:
+    """`{"sha256": hex}` after checking the hex is a well-formed sha256."""
+    if not isinstance(hex_digest, str) or not _SHA256.match(hex_digest):
+        raise InputError(f"{hex_digest!r} is not a sha256 digest (64 lowercase hex characters)")
+    return {"sha256": hex_digest}
+
+
+__all__ = ["CHUNK", "digest_set", "listing", "sha256_bytes", "sha256_file", "sha256_listing", "sha256_stream"]

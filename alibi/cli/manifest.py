@@ -80,8 +80,8 @@ def _treatment(args: argparse.Namespace):
         if args.arm is not None:
             raise InputError("--arm labels a treatment: give --kernel NAME and/or --kernel-log FILE with it")
         return None
-    from alibi.governance.kernel_log import engine_treatment, read_kernel_log
-    from alibi.governance.manifest import treatment_of
+    from alibi.governance.kernel_log import read_kernel_log
+    from alibi.governance.manifest import engine_treatment, treatment_of
 
     arm = args.arm or args.folder.resolve().name
     log = read_kernel_log(args.kernel_log) if args.kernel_log is not None else None

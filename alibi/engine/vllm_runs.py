@@ -127,7 +127,7 @@ def _kernel_log(folder: Path):
 
 
 def _treatment(folder: Path, kernel_name: str | None, arm: str):
-    from alibi.governance.kernel_log import engine_treatment
+    from alibi.governance.manifest import engine_treatment
     from alibi.governance.manifest import treatment_of
     from alibi.kernels import get_kernel
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
-from alibi.governance.manifest import digest_set, sha256_bytes
+from alibi.digests import digest_set, sha256_bytes
 
 SCHEMA = "alibi.kernel-log/1"
 # One identifier between "Selected" and "for": vLLM's other "Selected ..." messages ("Selected
@@ -111,16 +111,5 @@ def require_consistent(log: KernelLog, kernel: Any) -> None:
                          f"{', '.join(declared)}; record the kernel that ran")
 
 
-def engine_treatment(kernel_log: KernelLog, arm: str):
-    """The treatment of an arm that ran inside an engine and is evidenced by its selection log alone.
-
-    No alibi kernel ran, so `kernel`, `kernel_build_digest` and `epilogue_model` are null; the
-    identity contract accepts the log in their place (alibi.governance.identity).
-    """
-    from alibi.governance.manifest import Treatment
-
-    return Treatment(arm=arm, kernel=None, kernel_build_digest=None, epilogue_model=None, kernel_log=kernel_log)
-
-
-__all__ = ["SCHEMA", "KernelLog", "KernelSelection", "engine_treatment", "parse_kernel_log", "read_kernel_log",
+__all__ = ["SCHEMA", "KernelLog", "KernelSelection", "parse_kernel_log", "read_kernel_log",
            "require_consistent"]

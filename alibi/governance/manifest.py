@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from alibi import atomic, jsonio
-from alibi.digests import sha256_bytes, sha256_file, sha256_listing
+from alibi.digests import digest_set, sha256_bytes, sha256_file, sha256_listing
 from alibi.errors import InputError, one_line
+from alibi.governance.kernel_log import KernelLog, require_consistent
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE_PREFIX = "https://integer-alibi.dev/"
@@ -55,13 +56,6 @@ def predicate_type(kind: str) -> str:
     if not _KIND.match(kind):
         raise InputError(f"manifest kind {kind!r} is not a lowercase slug; use e.g. one of {', '.join(KINDS)}")
     return f"{PREDICATE_TYPE_PREFIX}{kind}/v1"
-
-
-def digest_set(hex_digest: str) -> dict[str, str]:
-    """`{"sha256": hex}` after checking the hex is a well-formed sha256."""
-    if not isinstance(hex_digest, str) or not _SHA256.match(hex_digest):
-        raise InputError(f"{hex_digest!r} is not a sha256 digest (64 lowercase hex characters)")
-    return {"sha256": hex_digest}
 
 
 def folder_files(folder: str | os.PathLike, exclude: Iterable[str] = (MANIFEST_NAME,),
@@ -352,7 +346,7 @@ class Treatment:
     kernel_build_digest: str | None
     epilogue_model: str | None
     kernel_evidence: Mapping[str, Any] | None = None
-    kernel_log: Any = None  # KernelLog | None (kernel_log.py imports this module)
+    kernel_log: KernelLog | None = None
 
     def as_dict(self) -> dict[str, Any]:
         doc = {
@@ -373,6 +367,15 @@ def kernel_build_digest(kernel: Any) -> str:
     return digest_set(str(kernel.build_digest()))["sha256"]
 
 
+def engine_treatment(kernel_log: KernelLog, arm: str) -> Treatment:
+    """The treatment of an arm that ran inside an engine and is evidenced by its selection log alone.
+
+    No alibi kernel ran, so `kernel`, `kernel_build_digest` and `epilogue_model` are null; the
+    identity contract accepts the log in their place (alibi.governance.identity).
+    """
+    return Treatment(arm=arm, kernel=None, kernel_build_digest=None, epilogue_model=None, kernel_log=kernel_log)
+
+
 def treatment_of(kernel: Any, arm: str, kernel_log: Any = None) -> Treatment:
     """The treatment record of `kernel` run as arm `arm` (name, build digest, epilogue, evidence).
 
@@ -380,8 +383,6 @@ def treatment_of(kernel: Any, arm: str, kernel_log: Any = None) -> Treatment:
     arm ran inside vLLM; it must name the vLLM class the kernel runs, when the kernel declares one.
     """
     if kernel_log is not None:
-        from alibi.governance.kernel_log import require_consistent
-
         require_consistent(kernel_log, kernel)
     epilogue = getattr(kernel, "epilogue", None)
     evidence = kernel.evidence() if callable(getattr(kernel, "evidence", None)) else None
@@ -438,7 +439,7 @@ def strip_timestamp(statement: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "KINDS", "MANIFEST_NAME", "STATEMENT_TYPE", "TIMESTAMP_FIELD", "Manifest", "Subject", "Treatment",
-    "build_predicate", "build_statement", "canonical_json", "digest_path", "digest_set", "digest_tree",
+    "build_predicate", "build_statement", "canonical_json", "digest_path", "digest_set", "digest_tree", "engine_treatment",
     "folder_files", "kernel_build_digest", "manifest_path", "predicate_type", "read_manifest", "resource",
     "sha256_bytes", "sha256_file", "statement_problems", "strip_timestamp", "treatment_of", "utc_now",
     "verify_files", "write_manifest",

@@ -13,11 +13,10 @@ from alibi.governance.kernel_log import (
     SCHEMA,
     KernelLog,
     KernelSelection,
-    engine_treatment,
     parse_kernel_log,
     read_kernel_log,
 )
-from alibi.governance.manifest import build_predicate, treatment_of, write_manifest
+from alibi.governance.manifest import build_predicate, engine_treatment, treatment_of, write_manifest
 from alibi.kernels import get_kernel
 from alibi.kernels import vllm as V
 
