@@ -16,7 +16,8 @@ from collections.abc import Callable
 from alibi.emulator import ORDERS, EpilogueModel
 from alibi.errors import InputError, one_line
 from alibi.kernel_catalog import BUILTIN, did_you_mean, plugin_entry_points
-from alibi.kernels.base import Kernel, KernelOutput
+from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel
+from alibi.kernels.mutants import parse_mutant
 
 _BUILTIN = BUILTIN
 _EXTRA: dict[str, Callable[[], Kernel]] = {}
@@ -34,16 +35,6 @@ def _plugins() -> dict[str, object]:
 def kernel_names() -> list[str]:
     emulators = [f"emulator:{o}" for o in ORDERS]
     return emulators + sorted(_BUILTIN) + sorted(_EXTRA) + sorted(_plugins())
-
-
-class UnavailableKernel(Kernel):
-    """Stands in for a built-in kernel whose module cannot be imported here; it never runs."""
-
-    def __init__(self, name: str, reason: str):
-        self.name, self._reason = name, reason
-
-    def available(self) -> tuple[bool, str]:
-        return False, self._reason
 
 
 def _load(name: str, target: str) -> Kernel:
@@ -64,9 +55,7 @@ def get_kernel(name: str) -> Kernel:
     if name in _BUILTIN:
         return _load(name, _BUILTIN[name])
     if name.startswith("mutant:"):  # mutant:<fault>[@<severity>]:<base>
-        from alibi.kernels.mutants import parse_mutant
-
-        return parse_mutant(name)
+        return parse_mutant(name, get_kernel)
     plugins = _plugins()
     if name in plugins:
         return _load_plugin(name, plugins[name])

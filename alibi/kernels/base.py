@@ -186,3 +186,13 @@ def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
             return None
         return t.to(device, copy=True) if device is not None else t.clone()
     return tile.replace(**{k: copy(v) for k, v in operands(tile).items()})
+
+
+class UnavailableKernel(Kernel):
+    """Stands in for a built-in kernel whose module cannot be imported here; it never runs."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self._reason = name, reason
+
+    def available(self) -> tuple[bool, str]:
+        return False, self._reason

@@ -41,7 +41,7 @@ import torch
 
 from alibi.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
 from alibi.errors import InputError
-from alibi.kernels.base import Kernel, KernelOutput, operands, private_copy
+from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel, operands, private_copy
 from alibi.numerics import is_subnormal, round_to
 from alibi.tile import Tile
 
@@ -495,8 +495,6 @@ class MutantKernel(Kernel):
     """`base` with one fault injected; declares the base's epilogue model (see the module docstring)."""
 
     def __init__(self, f: Fault, severity: Severity, base: Kernel, name: str | None = None):
-        from alibi.kernels import UnavailableKernel
-
         # A base that could not even be imported says why through available() (exit 3 when run).
         why = None if isinstance(base, UnavailableKernel) else f.not_applicable(base)
         if why:
@@ -626,8 +624,9 @@ native_scale_bf16 = functools.partial(native_triton_mutant, "scale-bf16")
 _NAME = re.compile(r"mutant:(?P<fault>[a-z0-9-]+)(?:@(?P<severity>[^:]+))?:(?P<base>.+)")
 
 
-def parse_mutant(name: str) -> Kernel:
-    """The kernel for `mutant:<fault>[@<severity>]:<base>` (`<base>` = `triton-native` for native variants)."""
+def parse_mutant(name: str, kernel_named: Callable[[str], Kernel]) -> Kernel:
+    """The kernel for `mutant:<fault>[@<severity>]:<base>` (`<base>` = `triton-native` for native variants);
+    `kernel_named` builds the base from its name (the registry's `get_kernel`)."""
     m = _NAME.fullmatch(name)
     if m is None:
         raise InputError(f"kernel {name!r}: a mutant is named mutant:<fault>[@<severity>]:<base>, "
@@ -638,9 +637,7 @@ def parse_mutant(name: str) -> Kernel:
         if severity.label != DEFAULT_SEVERITY:
             raise InputError(f"native variant {name!r}: native faults touch every element; drop '@{severity.label}'")
         return native_triton_mutant(f.name, name)
-    from alibi.kernels import get_kernel
-
-    base = get_kernel(m.group("base"))
+    base = kernel_named(m.group("base"))
     return MutantKernel(f, severity, base, name)
 
 
