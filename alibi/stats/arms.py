@@ -6,7 +6,7 @@ Three shapes are read, each into an `ArmSteps` (the fields every shape shares):
   + `manifest.json`, see `alibi.replay.records`), or that folder's `records.json`. Joined on
   (window, position); the identity of two arms is the alibi manifest contract.
 - `per-prompt-list` and `manifest-envelope`: the two shapes another tool publishes
-  (`alibi.stats.foreign`).
+  (`alibi.stats.foreign`); the types they are read into are in `alibi.stats.steps`.
 
 A folder is an alibi arm; a `.json` file is told apart by its top level: an object with the alibi
 `schema` is an alibi records file, a list is the per-prompt list, an object holding `manifest` and
@@ -16,71 +16,15 @@ A folder is an alibi arm; a `.json` file is told apart by its top level: an obje
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest, sha256_file
 from alibi.replay.records import RECORDS_FILE
-from alibi.replay.records import SCHEMA as ALIBI_SHAPE
+from alibi.stats import foreign
+from alibi.stats.steps import ALIBI_SHAPE, ArmSteps, Step
 
-LIST_SHAPE = "per-prompt-list"
-ENVELOPE_SHAPE = "manifest-envelope"
-SHAPES = (ALIBI_SHAPE, LIST_SHAPE, ENVELOPE_SHAPE)
 REPLAY_KIND = "replay"
-
-
-@dataclass(frozen=True)
-class Step:
-    """One scored position, in the fields all three shapes share.
-
-    prompt: the prompt part of the join key — the window index (alibi arm, list shape: the
-    element's index) or the prompt's sha (envelope); position: the scored position in the prompt;
-    top1_id: the arm's top-1 token; margin: top-1 minus top-2 logit (finite, ≥ 0);
-    prompt_sha256, forced_id, logits_sha256: carried where the shape has them (else None) and
-    compared between the arms at each joined key.
-    """
-
-    prompt: int | str
-    position: int
-    top1_id: int
-    margin: float
-    prompt_sha256: str | None = None
-    forced_id: int | None = None
-    logits_sha256: str | None = None
-
-    @property
-    def key(self) -> tuple[int | str, int]:
-        return (self.prompt, self.position)
-
-
-@dataclass(frozen=True)
-class ArmSteps:
-    """One arm, read.
-
-    path: as given on the command line; shape: one of `SHAPES`; records_file: the JSON file read;
-    records_sha256: its digest; kernel: the kernel its records name (alibi registry name, the
-    envelope's `kernel_class`; None for the list shape); steps: in file order; manifest_path:
-    the alibi manifest beside the records (alibi shape only); envelope_manifest: the envelope's
-    `manifest` object (envelope shape only).
-    """
-
-    path: str
-    shape: str
-    records_file: str
-    records_sha256: str
-    kernel: str | None
-    steps: tuple[Step, ...]
-    manifest_path: str | None = None
-    envelope_manifest: Mapping[str, Any] | None = None
-
-    @property
-    def prompts(self) -> tuple[int | str, ...]:
-        """Prompt keys in order of first appearance in the records."""
-        return tuple(dict.fromkeys(s.prompt for s in self.steps))
-
 
 def _read_text(f: Path) -> str:
     try:
@@ -111,8 +55,6 @@ def read_arm(path: str | Path) -> ArmSteps:
                          "re-run the arm that wrote it") from None
     if isinstance(doc, dict) and doc.get("schema") == ALIBI_SHAPE:
         return _alibi_arm(str(path), p, p.parent, text)
-    from alibi.stats import foreign
-
     if isinstance(doc, list):
         return foreign.read_list_shape(doc, str(path), p, sha256_file(p))
     if isinstance(doc, dict) and "manifest" in doc and "records" in doc:
@@ -166,4 +108,4 @@ def _show_windows(windows: tuple[int, ...]) -> str:
     return ", ".join(map(str, windows[:8])) + (", …" if len(windows) > 8 else "")
 
 
-__all__ = ["ALIBI_SHAPE", "ENVELOPE_SHAPE", "LIST_SHAPE", "SHAPES", "ArmSteps", "Step", "read_arm"]
+__all__ = ["read_arm"]

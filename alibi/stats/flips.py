@@ -48,7 +48,8 @@ from alibi.governance.manifest import (
     sha256_file,
     write_manifest,
 )
-from alibi.stats.arms import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps, read_arm
+from alibi.stats.arms import read_arm
+from alibi.stats.steps import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps
 from alibi.stats.join import Joined, join_arms, require_same_keying
 from alibi.stats.margin import (
     OK,
