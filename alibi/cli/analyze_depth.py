@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from alibi import atomic
     from alibi.errors import InputError
-    from alibi.sweep.analysis import analyze, write_analysis_folder
+    from alibi.sweep.analysis import analyze
+    from alibi.sweep.output import write_analysis_folder
     from alibi.sweep.records import read_depth_input, read_rows_sweep
 
     if args.bootstrap < 0:

@@ -2,17 +2,14 @@
 
 `fits.json` is a `DepthAnalysis` (schema `alibi-depth-fits/v1`): one `alibi.stats.depth.DepthFits`
 per input sweep, in the order given, plus the rows sweep when one is passed. `fits.md` renders it
-(`alibi.sweep.summary`); `depth.png|svg` and `rows.png|svg` are the figures (`alibi.sweep.figure`).
+(`alibi.sweep.summary`); `depth.png|svg` and `rows.png|svg` are the figures (`alibi.sweep.figure`); `alibi.sweep.output` writes the folder.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from alibi import atomic
-from alibi.governance import build_predicate, resource, write_manifest
-from alibi.stats.depth import LEVEL, DepthData, DepthFits, fit_depth
+from alibi.stats.depth import LEVEL, DepthFits, fit_depth
 from alibi.stats.typed import TypedResult
 from alibi.sweep.records import DepthInput, RowsSweep
 
@@ -58,27 +55,3 @@ def progress_line(label: str, fits: DepthFits) -> str:
     (a status other than `ok`: no model is fitted, never Python's `None`)."""
     chosen = f"selected {fits.selected}" if fits.selected is not None else "no model selected"
     return f"{label}: {fits.status}, {chosen}"
-
-
-def write_analysis_folder(analysis: DepthAnalysis, data: list[DepthData], inputs: list[str | Path],
-                          rows_path: str | Path | None, out: str | Path) -> list[str]:
-    """fits.json, fits.md, the figures and a manifest, staged and renamed into place when complete."""
-    from alibi.sweep.figure import depth_figure, rows_figure
-    from alibi.sweep.summary import fits_markdown
-
-    with atomic.staged_dir(out) as stage:
-        atomic.write_text(stage / FITS_JSON, analysis.to_json())
-        atomic.write_text(stage / FITS_MD, fits_markdown(analysis))
-        written = [FITS_JSON, FITS_MD]
-        written += [p.name for p in depth_figure(list(zip(analysis.analyses, data)), stage / "depth")]
-        if analysis.rows is not None:
-            written += [p.name for p in rows_figure(analysis.rows, stage / "rows")]
-        resources = {f"sweep{i}": resource(f"sweep{i}", p) for i, p in enumerate(inputs)}
-        if rows_path is not None:
-            resources["rows"] = resource("rows", rows_path)
-        predicate = build_predicate(inputs=resources, seed=analysis.bootstrap_seed,
-                                    parameters={"analysis": "depth", "bootstrap": analysis.bootstrap,
-                                                "level": analysis.level, "sources": list(analysis.sources),
-                                                "rows_source": analysis.rows_source})
-        write_manifest(stage, "depth-fits", predicate, files=written)
-    return written + ["manifest.json"]

@@ -1,4 +1,5 @@
-"""Sweep folders: the JSON, the CSV and the manifest, staged and renamed into place only when complete."""
+"""Sweep folders (the JSON, the CSV and the manifest) and depth-fit folders (fits.json, fits.md, figures,
+manifest), each staged and renamed into place only when complete."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from alibi import atomic
-from alibi.governance import build_predicate, treatment_of, write_manifest
+from alibi.governance import build_predicate, resource, treatment_of, write_manifest
+from alibi.stats.depth import DepthData
+from alibi.sweep.analysis import FITS_JSON, FITS_MD, DepthAnalysis
 from alibi.sweep.arms import Arm
+from alibi.sweep.summary import fits_markdown
 from alibi.sweep.records import (
     DEPTH_CSV,
     DEPTH_JSON,
@@ -48,3 +52,26 @@ def write_rows_folder(sweep: RowsSweep, arms: tuple[Arm, Arm], out: str | Path) 
         predicate = build_predicate(seed=sweep.seed, arms=_arms(arms), parameters=parameters)
         write_manifest(stage, "rows-sweep", predicate, files=[ROWS_JSON, ROWS_CSV])
     return Path(out)
+
+
+def write_analysis_folder(analysis: DepthAnalysis, data: list[DepthData], inputs: list[str | Path],
+                          rows_path: str | Path | None, out: str | Path) -> list[str]:
+    """fits.json, fits.md, the figures and a manifest, staged and renamed into place when complete."""
+    from alibi.sweep.figure import depth_figure, rows_figure  # matplotlib stays out of start-up
+
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / FITS_JSON, analysis.to_json())
+        atomic.write_text(stage / FITS_MD, fits_markdown(analysis))
+        written = [FITS_JSON, FITS_MD]
+        written += [p.name for p in depth_figure(list(zip(analysis.analyses, data)), stage / "depth")]
+        if analysis.rows is not None:
+            written += [p.name for p in rows_figure(analysis.rows, stage / "rows")]
+        resources = {f"sweep{i}": resource(f"sweep{i}", p) for i, p in enumerate(inputs)}
+        if rows_path is not None:
+            resources["rows"] = resource("rows", rows_path)
+        predicate = build_predicate(inputs=resources, seed=analysis.bootstrap_seed,
+                                    parameters={"analysis": "depth", "bootstrap": analysis.bootstrap,
+                                                "level": analysis.level, "sources": list(analysis.sources),
+                                                "rows_source": analysis.rows_source})
+        write_manifest(stage, "depth-fits", predicate, files=written)
+    return written + ["manifest.json"]
