@@ -17,10 +17,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from alibi.model.prepare import prepare_model
-
-    return prepare_model("smollm2-135m", tmp_path_factory.mktemp("smollm2") / "model")
+def prepared(smollm2):
+    return smollm2  # prepared once per session (tests/conftest.py)
 
 
 def test_gguf_tokenizer_splits_digits_like_smollm2(prepared):
