@@ -63,3 +63,22 @@ def committed_code(monkeypatch):
     from alibi.governance.environment import WorkingTree
 
     monkeypatch.setattr(alibi.experiment, "working_tree", lambda: WorkingTree(True, (), "0" * 40))
+
+
+@pytest.fixture(autouse=True)
+def _torch_flags_restored():
+    """Loading a model sets process-wide torch flags (`alibi.model.execution`: deterministic algorithms,
+    reduced-precision reductions, CUBLAS_WORKSPACE_CONFIG), and the environment record carries them; each test
+    leaves them as it found them, so no test's records depend on which tests ran before it in the process."""
+    import os
+
+    cuda = torch.backends.cuda.matmul
+    before = (torch.are_deterministic_algorithms_enabled(), cuda.allow_bf16_reduced_precision_reduction,
+              cuda.allow_fp16_reduced_precision_reduction, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    cuda.allow_bf16_reduced_precision_reduction, cuda.allow_fp16_reduced_precision_reduction = before[1:3]
+    if before[3] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[3]
