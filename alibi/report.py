@@ -202,6 +202,8 @@ def _md(value: Any) -> str:
         return "n/a"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, dict):  # e.g. the environment's torch flags: JSON, so booleans read `true`
+        return json.dumps(value, sort_keys=False)
     return str(value)
 
 

@@ -7,6 +7,11 @@ no conversion the interpreter emulates differently from the GPU enters the compa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,6 +23,12 @@ pytestmark = pytest.mark.skipif(TRITON_IMPORT_ERROR is not None, reason=f"{TRITO
 from alibi.model import invariant_triton  # noqa: E402  (after the skip: the module needs Triton)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton's own `tl.sum`/`tl.max` are interpreted only when TRITON_INTERPRET was set before triton was first
+# imported; in a pytest process where another test imported triton earlier they are compiled functions an
+# interpreted kernel cannot call. The propositions then run in a fresh process (the last test below).
+IN_PROCESS = DEVICE == "cuda" or type(invariant_triton.tl.sum).__name__ == "InterpretedFunction"
+in_process = pytest.mark.skipif(not IN_PROCESS, reason="triton was imported before TRITON_INTERPRET was set in this "
+                                "process: these run in a fresh one (test_..._in_a_fresh_process)")
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -46,6 +57,7 @@ def qkv():
     return q, k, v, prefill
 
 
+@in_process
 def test_attention_matches_a_float64_softmax_within_float32_rounding(qkv):
     q, k, v, prefill = qkv
     length = q.shape[2]
@@ -54,6 +66,7 @@ def test_attention_matches_a_float64_softmax_within_float32_rounding(qkv):
     torch.testing.assert_close(prefill.double(), expected, rtol=2e-6, atol=2e-6)
 
 
+@in_process
 def test_a_decode_step_gives_the_bits_of_its_prefill_row_in_either_key_block(qkv):
     q, k, v, prefill = qkv
     for p in (5, q.shape[2] - 1):  # the first block, and the second block's last key
@@ -62,6 +75,7 @@ def test_a_decode_step_gives_the_bits_of_its_prefill_row_in_either_key_block(qkv
         assert torch.equal(bits(step), bits(prefill[:, :, p:p + 1])), p
 
 
+@in_process
 def test_a_chunk_after_a_cached_prefix_and_a_prompt_alone_give_the_bits_of_the_full_prefill(qkv):
     q, k, v, prefill = qkv
     length = q.shape[2]
@@ -71,6 +85,7 @@ def test_a_chunk_after_a_cached_prefix_and_a_prompt_alone_give_the_bits_of_the_f
     assert torch.equal(bits(alone), bits(prefill[1:, :, 60:]))
 
 
+@in_process
 def test_keys_a_row_may_not_see_contribute_nothing_even_when_they_hold_nan(qkv):
     q, k, v, prefill = qkv
     p = 40
@@ -82,6 +97,7 @@ def test_keys_a_row_may_not_see_contribute_nothing_even_when_they_hold_nan(qkv):
     assert torch.equal(bits(row), bits(prefill[:, :, p:p + 1]))
 
 
+@in_process
 def test_rms_norm_matches_float64_and_a_token_alone_gives_its_bits_inside_a_batch():
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(3, 5, 200, generator=g) * 3).to(DEVICE)
@@ -93,6 +109,7 @@ def test_rms_norm_matches_float64_and_a_token_alone_gives_its_bits_inside_a_batc
     assert torch.equal(bits(invariant_triton.rms_norm(x[1:2, 2:3], w, 1e-5)), bits(out[1:2, 2:3]))
 
 
+@in_process
 def test_rms_norm_promotes_dtypes_as_torch_does_and_weights_after_the_cast():
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.bfloat16, device=DEVICE)
     w32 = torch.full((4,), 0.5, device=DEVICE)
@@ -114,3 +131,12 @@ def test_at_the_studys_decode_shape_batch_64_and_batch_1_give_row_0_the_same_bit
     assert all(torch.equal(bits(r), bits(runs[0])) for r in runs)
     alone = invariant_triton.attention(q[:1], k[:1], v[:1], mask, 0.125)
     assert torch.equal(bits(alone), bits(runs[0][:1]))
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the propositions above ran in this process")
+def test_the_interpreter_propositions_hold_in_a_fresh_process():
+    test_file = Path(__file__).resolve()
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+                           capture_output=True, text=True, cwd=test_file.parents[2], timeout=900,
+                           env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert child.returncode == 0 and "6 passed" in child.stdout, child.stdout[-2000:]
