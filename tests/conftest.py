@@ -65,20 +65,42 @@ def committed_code(monkeypatch):
     monkeypatch.setattr(alibi.experiment, "working_tree", lambda: WorkingTree(True, (), "0" * 40))
 
 
+def _torch_flags_now() -> tuple:
+    import os
+
+    cuda = torch.backends.cuda.matmul
+    return (torch.are_deterministic_algorithms_enabled(), cuda.allow_bf16_reduced_precision_reduction,
+            cuda.allow_fp16_reduced_precision_reduction, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
+def _set_torch_flags(flags: tuple) -> None:
+    import os
+
+    cuda = torch.backends.cuda.matmul
+    torch.use_deterministic_algorithms(flags[0])
+    cuda.allow_bf16_reduced_precision_reduction, cuda.allow_fp16_reduced_precision_reduction = flags[1:3]
+    if flags[3] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = flags[3]
+
+
+FRESH_PROCESS_TORCH_FLAGS = _torch_flags_now()  # read before any test loaded a model
+
+
+@pytest.fixture
+def fresh_process_torch_flags():
+    """The torch flags a freshly started `alibi` process has, for a test that compares an in-process run
+    with runs in child processes: a module- or session-scoped fixture that loaded a model earlier in this
+    process set them otherwise, and the environment record (which `--resume` checks) carries them."""
+    _set_torch_flags(FRESH_PROCESS_TORCH_FLAGS)
+
+
 @pytest.fixture(autouse=True)
 def _torch_flags_restored():
     """Loading a model sets process-wide torch flags (`alibi.model.execution`: deterministic algorithms,
     reduced-precision reductions, CUBLAS_WORKSPACE_CONFIG), and the environment record carries them; each test
     leaves them as it found them, so no test's records depend on which tests ran before it in the process."""
-    import os
-
-    cuda = torch.backends.cuda.matmul
-    before = (torch.are_deterministic_algorithms_enabled(), cuda.allow_bf16_reduced_precision_reduction,
-              cuda.allow_fp16_reduced_precision_reduction, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    before = _torch_flags_now()
     yield
-    torch.use_deterministic_algorithms(before[0])
-    cuda.allow_bf16_reduced_precision_reduction, cuda.allow_fp16_reduced_precision_reduction = before[1:3]
-    if before[3] is None:
-        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-    else:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[3]
+    _set_torch_flags(before)

@@ -28,6 +28,9 @@ from alibi.governance.manifest import read_manifest, strip_timestamp, verify_fil
 
 HARNESS = REPO / "tests" / "kill_harness.py"
 KILLED = 137
+# Each test compares what this process wrote with what killed child processes wrote; both start from a
+# fresh process's torch flags (the environment record carries them, `--resume` checks it).
+pytestmark = pytest.mark.usefixtures("fresh_process_torch_flags")
 
 
 def _tree(path: Path) -> dict[str, bytes] | bytes | None:

