@@ -4,22 +4,24 @@
 #
 #   bash analysis/h200/determinism.sh STAGE
 #
-# Carried: gpu_payload/{src.tar.gz (analysis/h200/pack_source.sh), cutlass_include.tar.xz, one
-# smollm2.gguf.part-XX}. The code that runs is the commit in src.tar.gz, unpacked to /tmp/src. The
-# GGUF travels in three parts over three calls that follow each other within ~30 s (/tmp survives
-# only while the machine stays warm); each call does useful work of its own:
+# Carried: gpu_payload/{src.tar.gz (analysis/h200/pack_source.sh), cutlass_include.tar.xz,
+# alibi_cache.tar.xz with kernel-pins.json (the CUTLASS libraries built on the CPU machine with nvcc
+# 13.0, as the GPU machine's; nothing is compiled there), and one part of the SmolLM2 GGUF
+# (split -n 2: part-aa, part-ab)}. The code that runs is the commit in src.tar.gz, unpacked to
+# /tmp/src. The GGUF's parts travel in calls that follow each other within ~30 s (/tmp survives only
+# while the machine stays warm); `alibi model prepare` checks the joined file's pinned sha256. Each
+# call does useful work of its own, under a time limit per step:
 #
-#   probe    (part aa) build the kernels into /tmp/alibi/alibi_cache (16 nvcc jobs); the SDPA probe
-#            (which backend is nondeterministic / batch-variant at decode, and what the runner's
-#            attention costs); every GPU test of the test suite
-#   stash    (part ab) keep the part; nothing else
-#   study    (part ac) prepare the real and pow2 checkpoints; `alibi variations` for cutlass, triton,
-#            triton:w_then_a+fma and (--nondeterministic) cutlass; greedy at batch 64 for both
-#            checkpoints, each arm twice from a cold restart; the batch-16 and batch-1 controls and
-#            `alibi locate` against batch 64
-#   tf       teacher-forced pairs on both checkpoints; the runner throughput benchmark
+#   probe    (part aa) every GPU test of the test suite (junit log)
+#   tokens   (part ab) prepare the real and pow2 checkpoints; teacher-forced pairs and greedy at
+#            batch 64 (each arm twice from a cold restart) on both checkpoints (T1-T7, A1, A2)
+#   batch    the batch-1 (16 prompts) and batch-16 controls of each arm and `alibi locate`
+#            against batch 64 (A3, A4)
+#   variations  `alibi variations` for cutlass and (--nondeterministic) cutlass (A5); the runner
+#            throughput benchmark; then triton and triton:w_then_a+fma while the call has time
 #
-# Results go to $OUT as <stage>.tgz plus <stage>-summary.txt.
+# Results go to $OUT as <stage>.tgz plus <stage>-steps.txt. The criteria are judged afterwards by
+# `alibi prereg evaluate` over the returned files (analysis/results/h200/determinism/README.md).
 set -u
 STAGE=$1
 : "${OUT:?}"
@@ -33,6 +35,7 @@ W=/tmp/alibi
 mkdir -p "$W"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/cutlass_include" ] || tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz
+[ -d "$W/alibi_cache" ] || tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
 . analysis/h200/kernel_pins.sh
 R=$OUT/$STAGE
@@ -52,56 +55,61 @@ run() {  # run NAME LIMIT_S COMMAND...: log to $R/NAME.txt, record rc
   timeout "$limit" "$@" > "$R/$name.txt" 2>&1
   local rc=$?
   stamp "$name rc=$rc"; tail -4 "$R/$name.txt"
+  return $rc
 }
 prepare_model() {
   [ -f "$REAL/manifest.json" ] && [ -f "$POW2/manifest.json" ] && return 0
-  for x in aa ab ac; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing"; return 1; }; done
-  cat "$W"/smollm2.gguf.part-aa "$W"/smollm2.gguf.part-ab "$W"/smollm2.gguf.part-ac > "$W/s.gguf"
+  for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing"; return 1; }; done
+  cat "$W"/smollm2.gguf.part-aa "$W"/smollm2.gguf.part-ab > "$W/s.gguf"
   run prepare 300 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" || return 1
   run pow2 300 python -m alibi pow2-rewrite --mode ceil --requantize-from "$W/model/bf16" "$REAL" "$POW2"
 }
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }  # seconds left of this call's budget
+LIMIT=${LIMIT:-560}
 case $STAGE in
   probe)
-    run build-cutlass 300 python -m alibi kernels build cutlass
-    run sdpa-probe 120 python analysis/h200/sdpa_probe.py "$R/sdpa-probe.json"
-    run gpu-tests 360 python -m pytest -q -m gpu tests -p no:cacheprovider --junitxml "$R/pytest-gpu-junit.xml" ;;
-  stash) ;;
-  study)
+    run gpu-tests $(( $(left) - 10 )) python -m pytest -q -m gpu tests -p no:cacheprovider \
+      --junitxml "$R/pytest-gpu-junit.xml" ;;
+  tokens)
     prepare_model || exit 1
-    for k in cutlass triton triton:w_then_a+fma; do
-      n=variations-${k//[:+]/_}
-      run "$n" 400 python -m alibi variations --model "$REAL" --kernel "$k" --prompts $PROMPTS8 --windows 8 \
-        --context 64 --positions 32 --batch-sizes 2,4,8 --chunk 16 --quiet --out "$R/$n"
-    done
-    # with the cold restart: two processes at the same shapes isolate nondeterminism (cuDNN's attention at
-    # decode) from batch variance (an RMSNorm's row reduction), which the batch variations name first
-    run variations-native 400 python -m alibi variations --model "$REAL" --kernel cutlass --prompts $PROMPTS8 \
-      --windows 8 --context 64 --positions 32 --batch-sizes 2,4,8 --chunk 16 --nondeterministic --quiet \
-      --out "$R/variations-native"
     for ck in real pow2; do
       dir=$REAL; [ $ck = pow2 ] && dir=$POW2
-      run "greedy-$ck" 300 python -m alibi replay greedy --model "$dir" --prompts $PROMPTS64 --kernel-a cutlass \
+      run "tf-$ck" 150 python -m alibi replay teacher-forced --model "$dir" --prompts $PROMPTS64 --kernel-a cutlass \
+        --kernel-b triton --windows 64 --context 256 --positions 256 --quiet --out "$R/tf-$ck"
+    done
+    for ck in real pow2; do
+      dir=$REAL; [ $ck = pow2 ] && dir=$POW2
+      run "greedy-$ck" 170 python -m alibi replay greedy --model "$dir" --prompts $PROMPTS64 --kernel-a cutlass \
         --kernel-b triton --windows 64 --prompt-tokens 128 --new-tokens 64 --batch-size 64 --quiet --out "$R/greedy-$ck"
+    done
+    rm -rf "$W/batch64" && cp -r "$R/greedy-real/runs" "$W/batch64" ;;
+  batch)  # needs tokens' greedy-real run folders, kept in /tmp/alibi/batch64 by the tokens call
+    prepare_model || exit 1
+    B64=$W/batch64
+    for arm in a b; do
+      k=cutlass; [ $arm = b ] && k=triton
+      run "b1-$arm" 200 python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k --arm $arm \
+        --windows 16 --prompt-tokens 128 --new-tokens 64 --batch-size 1 --quiet --out "$R/b1-$arm"
+      run "locate-b1-$arm" 60 python -m alibi locate "$B64/$arm-1" "$R/b1-$arm" --out "$R/locate-b1-$arm"
     done
     for arm in a b; do
       k=cutlass; [ $arm = b ] && k=triton
-      run "b16-$arm" 200 python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k --arm $arm \
-        --windows 64 --prompt-tokens 128 --new-tokens 64 --batch-size 16 --quiet --out "$R/b16-$arm"
-      run "b1-$arm" 300 python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k --arm $arm \
-        --windows 16 --prompt-tokens 128 --new-tokens 64 --batch-size 1 --quiet --out "$R/b1-$arm"
-      for b in b16 b1; do
-        run "locate-$b-$arm" 60 python -m alibi locate "$R/greedy-real/runs/$arm-1" "$R/$b-$arm" --out "$R/locate-$b-$arm"
-      done
+      [ "$(left)" -gt 90 ] || { stamp "b16-$arm not run: the call's time is spent"; continue; }
+      run "b16-$arm" $(( $(left) - 30 )) python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k \
+        --arm $arm --windows 64 --prompt-tokens 128 --new-tokens 64 --batch-size 16 --quiet --out "$R/b16-$arm"
+      run "locate-b16-$arm" 30 python -m alibi locate "$B64/$arm-1" "$R/b16-$arm" --out "$R/locate-b16-$arm"
     done ;;
-  tf)
+  variations)
     prepare_model || exit 1
-    for ck in real pow2; do
-      dir=$REAL; [ $ck = pow2 ] && dir=$POW2
-      run "tf-$ck" 240 python -m alibi replay teacher-forced --model "$dir" --prompts $PROMPTS64 --kernel-a cutlass \
-        --kernel-b triton --windows 64 --context 256 --positions 256 --quiet --out "$R/tf-$ck"
-    done
-    run bench-runner 200 python analysis/bench_runner.py --model "$REAL" --kernel cutlass --prompts $PROMPTS64 \
-      --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" ;;
+    run bench-runner 120 python analysis/bench_runner.py --model "$REAL" --kernel cutlass --prompts $PROMPTS64 \
+      --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 2 --out "$R/bench-runner.json"
+    for k in native cutlass triton triton:w_then_a+fma; do
+      n=variations-${k//[:+]/_}; extra=""; kk=$k
+      [ $k = native ] && { extra=--nondeterministic; kk=cutlass; }
+      [ "$(left)" -gt 120 ] || { stamp "$n not run: the call's time is spent"; continue; }
+      run "$n" $(( $(left) - 20 )) python -m alibi variations --model "$REAL" --kernel "$kk" --prompts $PROMPTS8 \
+        --windows 8 --context 64 --positions 32 --batch-sizes 2,4,8 --chunk 16 $extra --quiet --out "$R/$n"
+    done ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 stamp "stage $STAGE done"
