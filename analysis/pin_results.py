@@ -32,7 +32,9 @@ CREATED_AT = "2026-12-02T00:00:00Z"
 # result folder (relative to RESULTS) -> the protocol folder it was measured under
 PREREGISTERED = {"h200/tokens": "prereg/smollm2-token-transfer",
                  # amendment 1 of the same protocol (analysis/results/h200/determinism/README.md)
-                 **{f"h200/determinism/{part}": "prereg/smollm2-token-transfer" for part in ("greedy", "probe", "study")}}  # when the manifests were written (fixed: a re-run gives the same bytes)
+                 **{f"h200/determinism/{part}": "prereg/smollm2-token-transfer" for part in ("greedy", "probe", "study")},
+                 **{f"h200/determinism/b5db8e0/{part}": "prereg/smollm2-token-transfer"
+                    for part in ("probe", "tokens", "variations", "batch", "evaluation")}}  # when the manifests were written (fixed: a re-run gives the same bytes)
 
 
 # result folder (relative to RESULTS) -> its JSON result whose `toolkit` record (written by the run) names the commit

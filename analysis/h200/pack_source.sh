@@ -6,7 +6,7 @@ cd "$(git rev-parse --show-toplevel)"
 commit=$(git rev-parse --verify "${1:-HEAD}^{commit}")
 mkdir -p gpu_payload
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-git archive --format=tar "$commit" -- alibi analysis/h200 analysis/bench_replay.py analysis/bench_runner.py experiments docs/schemas prereg tests pyproject.toml > "$tmp/src.tar"
+git archive --format=tar "$commit" -- alibi analysis/h200 analysis/bench_replay.py analysis/bench_runner.py experiments docs/schemas prereg tests pyproject.toml README.md .ci > "$tmp/src.tar"
 echo "$commit" > "$tmp/SOURCE_COMMIT"
 tar -rf "$tmp/src.tar" -C "$tmp" SOURCE_COMMIT
 gzip -9 -c "$tmp/src.tar" > gpu_payload/src.tar.gz
