@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from alibi import jsonio
@@ -231,13 +231,20 @@ def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
         check_config_dimensions(read_config(folder), shapes, one_line(str(folder)))
     tensors: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
-        try:
-            part = load_file(str(path))
-        except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
-            raise InputError(f"{one_line(str(path))}: not a readable safetensors file ({one_line(str(exc))[:200]}); "
-                             "restore it from its source") from None
-        tensors.update(part)
+        tensors.update(load_shard(path)[0])
     return tensors
+
+
+def load_shard(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    """Every tensor of one safetensors file and its header metadata; whatever the library raises on a
+    damaged file becomes one InputError line naming the file."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            metadata = fh.metadata()
+        return load_file(str(path)), metadata
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
+        raise InputError(f"{one_line(str(path))}: not a readable safetensors file ({one_line(str(exc))[:200]}); "
+                         "restore it from its source") from None
 
 
 def write_checkpoint(

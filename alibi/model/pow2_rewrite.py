@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from alibi import atomic
 from alibi.errors import InputError
@@ -299,7 +298,7 @@ def _write(src: Path, stage: Path, replaced: Mapping[str, torch.Tensor]) -> None
     otherwise), rewritten whatever their names; every other file is copied byte for byte. Every
     replaced tensor must land in some shard.
     """
-    from alibi.model.checkpoint import weight_files
+    from alibi.model.checkpoint import load_shard, weight_files
 
     shards = [p.relative_to(src).as_posix() for p in weight_files(src)]
     for rel in checkpoint_files(src):
@@ -310,9 +309,7 @@ def _write(src: Path, stage: Path, replaced: Mapping[str, torch.Tensor]) -> None
     for rel in shards:
         target = stage / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        with safe_open(str(src / rel), framework="pt") as fh:
-            metadata = fh.metadata()
-        part = load_file(str(src / rel))
+        part, metadata = load_shard(src / rel)
         mine = {k: v for k, v in replaced.items() if k in part}
         part.update(mine)
         written |= mine.keys()

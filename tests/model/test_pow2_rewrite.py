@@ -452,3 +452,11 @@ def test_a_write_that_leaves_a_non_power_of_two_scale_is_refused_and_nothing_is_
                                                 "powers of two; nothing was written"):
         pow2.pow2_rewrite(w8a8_dir, out, "ceil")
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".pow2")]
+
+
+def test_a_shard_whose_tensor_data_is_cut_short_is_refused_in_one_line_naming_it(tmp_path, w8a8_dir, capsys):
+    shard = sorted(w8a8_dir.glob("*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-64])  # the header still parses; the last tensor's bytes are missing
+    _assert_refused_without_trace(tmp_path, ["pow2-rewrite", str(w8a8_dir), str(tmp_path / "out"), "--mode", "ceil",
+                                             "--keep-weights"], shard.name, capsys)
