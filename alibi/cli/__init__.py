@@ -79,8 +79,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"alibi: error: {usage_message(message)} (see 'alibi {command}--help')\n")
 
 
+DESCRIPTION = ("Decide whether two scaled INT8 or FP8 GEMM kernels are interchangeable, bit for bit, and where "
+               "they are not, show where they differ, why, and what it does to a model's tokens.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="alibi", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+    parser = _Parser(prog="alibi", description=DESCRIPTION, epilog=EXIT_CODES,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"alibi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
