@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from alibi import jsonio
 from alibi.errors import InputError, one_line, shown
@@ -239,9 +239,8 @@ def load_shard(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     """Every tensor of one safetensors file and its header metadata; whatever the library raises on a
     damaged file becomes one InputError line naming the file."""
     try:
-        with safe_open(str(path), framework="pt") as fh:
-            metadata = fh.metadata()
-        return load_file(str(path)), metadata
+        with safe_open(str(path), framework="pt") as fh:  # one open: the header, then every tensor
+            return {name: fh.get_tensor(name) for name in fh.keys()}, fh.metadata()
     except (SafetensorError, OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
         raise InputError(f"{one_line(str(path))}: not a readable safetensors file ({one_line(str(exc))[:200]}); "
                          "restore it from its source") from None
