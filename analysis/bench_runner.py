@@ -50,6 +50,29 @@ def time_generation(lm, ids: torch.Tensor, new_tokens: int) -> tuple[float, floa
     return t1 - t0, (t2 - t1) / max(new_tokens - 1, 1)
 
 
+def profile_decode(lm, ids: torch.Tensor, steps: int = 4) -> str:
+    """torch.profiler's table (by self CPU time) of `steps` decode steps after a prefill, with the
+    number of kernel launches per step: where a mode's time goes, op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = lm.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids.to(dev), use_cache=True)
+        nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
+        _sync(dev)
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                out = lm.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+                nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
+            _sync(dev)
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+                                                         "cudaLaunchKernelExC"))
+    return (f"kernel launches per decode step: {launches / steps:.0f}\n"
+            + events.table(sort_by="self_cpu_time_total", row_limit=30))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True)
@@ -61,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--profile", type=Path, help="also write torch.profiler's op table of a few decode steps per mode here")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.batch < 1 or args.new_tokens < 2:
         print("bench_runner: --repeats and --batch must be ≥ 1, --new-tokens ≥ 2", file=sys.stderr)
@@ -83,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             t = time_generation(lm, ids, args.new_tokens)
             if r > 0:  # repeat 0 warms up (kernel compilation, allocator)
                 times[mode].append(t)
+    if args.profile:
+        tables = []
+        for mode, lm in models.items():
+            _set_library_flags(mode == "deterministic")
+            tables.append(f"== {mode}: {lm.execution.as_dict()}\n{profile_decode(lm, ids)}")
+        args.profile.write_text("\n\n".join(tables) + "\n")
     rows = {}
     for mode, ts in times.items():
         prefill = statistics.median(t[0] for t in ts)

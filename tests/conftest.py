@@ -70,7 +70,8 @@ def _torch_flags_now() -> tuple:
 
     cuda = torch.backends.cuda.matmul
     return (torch.are_deterministic_algorithms_enabled(), cuda.allow_bf16_reduced_precision_reduction,
-            cuda.allow_fp16_reduced_precision_reduction, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+            cuda.allow_fp16_reduced_precision_reduction, os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            torch.utils.deterministic.fill_uninitialized_memory)
 
 
 def _set_torch_flags(flags: tuple) -> None:
@@ -79,6 +80,7 @@ def _set_torch_flags(flags: tuple) -> None:
     cuda = torch.backends.cuda.matmul
     torch.use_deterministic_algorithms(flags[0])
     cuda.allow_bf16_reduced_precision_reduction, cuda.allow_fp16_reduced_precision_reduction = flags[1:3]
+    torch.utils.deterministic.fill_uninitialized_memory = flags[4]
     if flags[3] is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:

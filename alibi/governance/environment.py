@@ -234,7 +234,7 @@ def toolkit_record() -> dict[str, Any]:
 def torch_flags() -> dict[str, Any] | None:
     """The process-wide torch settings that decide whether the libraries' kernels are deterministic, read
     now (they change when a model is loaded in one execution mode or the other, `alibi.model.execution`):
-    deterministic algorithms, cuBLAS's workspace setting, reduced-precision GEMM reductions, and which
+    deterministic algorithms (and whether they fill new tensors), cuBLAS's workspace setting, reduced-precision GEMM reductions, and which
     scaled-dot-product-attention back ends torch may pick. None without torch."""
     try:
         import torch
@@ -243,6 +243,7 @@ def torch_flags() -> dict[str, Any] | None:
     cuda = torch.backends.cuda
     return {
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "bf16_reduced_precision_reduction": cuda.matmul.allow_bf16_reduced_precision_reduction,
         "fp16_reduced_precision_reduction": cuda.matmul.allow_fp16_reduced_precision_reduction,

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
+from alibi.model.invariant import RowBlockLinear, attention, implementation, rms_norm, row_block
 
 ATTENTION_NAME = "alibi_invariant"
 CUBLAS_WORKSPACE = ":4096:8"
@@ -83,17 +84,15 @@ def invariant_attention_forward(module, query, key, value, attention_mask, dropo
 
     The mask is the one transformers builds for SDPA: a bool [B|1, 1, S, L] tensor (True = attend), a
     float one (0 = attend), or None where it is the plain causal one aligned to the last query."""
-    from alibi.model.invariant import attention, causal_allowed
-
     for feature in ("sliding_window", "softcap", "s_aux"):
         if kwargs.get(feature) is not None:
             raise InputError(f"the deterministic runner's attention has no {feature}; run this model with "
                              "--nondeterministic")
     if dropout:
         raise InputError("the deterministic runner does not apply attention dropout (the model is in training mode?)")
-    s, length = query.shape[2], key.shape[2]
+    length = key.shape[2]
     if attention_mask is None:
-        allowed = causal_allowed(s, length, query.device)
+        allowed = None  # the causal mask aligned to the last query
     elif attention_mask.dtype == torch.bool:
         allowed = attention_mask[..., :length]
     else:
@@ -104,8 +103,6 @@ def invariant_attention_forward(module, query, key, value, attention_mask, dropo
 
 
 def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    from alibi.model.invariant import rms_norm
-
     return rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
@@ -117,10 +114,16 @@ def _set_library_flags(deterministic: bool) -> tuple[bool, str | None]:
         torch.use_deterministic_algorithms(True)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        # Deterministic algorithms also fill every new tensor with NaN (a guard against reading memory
+        # no op wrote). The runner writes every element it reads, so the guard buys nothing here and
+        # costs one fill launch per allocation: about 30 per layer and decode step. A kernel that did
+        # read unwritten memory would fail the cold-restart variation (`alibi variations`).
+        torch.utils.deterministic.fill_uninitialized_memory = False
     else:
         torch.use_deterministic_algorithms(False)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+        torch.utils.deterministic.fill_uninitialized_memory = True  # torch's default
     return torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
 
 
@@ -131,8 +134,6 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
     algorithms, workspace = _set_library_flags(deterministic)
     if not deterministic:
         return ExecutionMode(False, model.config._attn_implementation, "native", "native", algorithms, workspace)
-    from alibi.model.invariant import RowBlockLinear, implementation, row_block
-
     for name, module in list(model.named_modules()):
         cls = type(module).__name__
         if cls.endswith("RMSNorm"):

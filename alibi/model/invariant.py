@@ -108,14 +108,15 @@ def exp_nonpositive(x: torch.Tensor) -> torch.Tensor:
     return torch.where(finite, p * scale, 0.0)
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
               scaling: float) -> torch.Tensor:
     """softmax(q·kᵀ·scaling, keys where `allowed`)·v, every reduction a `tree_sum`.
 
     query [B, Hq, S, D]; key, value [B, Hkv, L, D] with Hq a multiple of Hkv (query head h reads
     key/value head h // (Hq/Hkv), as transformers' `repeat_kv`); allowed: bool, broadcastable to
-    [B, Hq, S, L]; every query row must allow at least one key. Returns [B, Hq, S, D] in the query's
-    dtype; the arithmetic is float32. On CUDA: `alibi.model.invariant_triton.attention`.
+    [B, Hq, S, L], or None for `causal_allowed(S, L)`; every query row must allow at least one key.
+    Returns [B, Hq, S, D] in the query's dtype; the arithmetic is float32. On CUDA:
+    `alibi.model.invariant_triton.attention`.
     """
     if implementation(query.device) == "triton-rows":
         from alibi.model import invariant_triton  # Triton is imported only where it runs
@@ -123,6 +124,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allow
         return invariant_triton.attention(query, key, value, allowed, scaling)
     b, hq, s, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
+    if allowed is None:
+        allowed = causal_allowed(s, length, query.device)
     group = hq // hkv
     k = key.float()[:, :, None].expand(b, hkv, group, length, d).reshape(b, hq, length, d)
     v = value.float()[:, :, None].expand(b, hkv, group, length, d).reshape(b, hq, length, d)

@@ -41,8 +41,8 @@ KEY_BLOCK = 64
 @triton.jit
 def _attention_row_kernel(q_ptr, k_ptr, v_ptr, out_ptr, allowed_ptr, hi_ptr,
                           sq_b, sq_h, sq_s, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h, so_s,
-                          sa_b, sa_s, sh_b, sh_s, group, head_dim, scaling,
-                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                          sa_b, sa_s, sh_b, sh_s, group, head_dim, scaling, first_query,
+                          CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     s = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -50,7 +50,10 @@ def _attention_row_kernel(q_ptr, k_ptr, v_ptr, out_ptr, allowed_ptr, hi_ptr,
     d = tl.arange(0, BLOCK_D)
     in_head = d < head_dim
     q = tl.load(q_ptr + b * sq_b + h * sq_h + s * sq_s + d, mask=in_head, other=0.0).to(tl.float32)
-    hi = tl.load(hi_ptr + b * sh_b + s * sh_s)
+    if CAUSAL:  # query row s is position first_query + s and sees keys 0 … that position
+        hi = first_query + s + 1
+    else:
+        hi = tl.load(hi_ptr + b * sh_b + s * sh_s)
     lanes = tl.arange(0, BLOCK_N)
     k_row = k_ptr + b * sk_b + kv * sk_h
     v_row = v_ptr + b * sv_b + kv * sv_h
@@ -59,7 +62,10 @@ def _attention_row_kernel(q_ptr, k_ptr, v_ptr, out_ptr, allowed_ptr, hi_ptr,
     lane_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
     for start in range(0, hi, BLOCK_N):
         keys = start + lanes
-        ok = tl.load(a_row + keys, mask=keys < hi, other=0) != 0
+        if CAUSAL:
+            ok = keys < hi
+        else:
+            ok = tl.load(a_row + keys, mask=keys < hi, other=0) != 0
         k = tl.load(k_row + keys[:, None] * sk_l + d[None, :], mask=ok[:, None] & in_head[None, :], other=0.0)
         score = tl.sum(q[None, :] * k.to(tl.float32), axis=1) * scaling
         lane_max = tl.maximum(lane_max, tl.where(ok, score, float("-inf")))
@@ -69,7 +75,10 @@ def _attention_row_kernel(q_ptr, k_ptr, v_ptr, out_ptr, allowed_ptr, hi_ptr,
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
     for start in range(0, hi, BLOCK_N):
         keys = start + lanes
-        ok = tl.load(a_row + keys, mask=keys < hi, other=0) != 0
+        if CAUSAL:
+            ok = keys < hi
+        else:
+            ok = tl.load(a_row + keys, mask=keys < hi, other=0) != 0
         k = tl.load(k_row + keys[:, None] * sk_l + d[None, :], mask=ok[:, None] & in_head[None, :], other=0.0)
         score = tl.sum(q[None, :] * k.to(tl.float32), axis=1) * scaling
         weight = tl.where(ok, tl.exp(score - row_max), 0.0)
@@ -97,30 +106,41 @@ def _require_triton() -> None:
         raise RuntimeError(f"the deterministic runner's GPU path needs Triton: {TRITON_IMPORT_ERROR}")
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
               scaling: float) -> torch.Tensor:
-    """`alibi.model.invariant.attention`'s contract (shapes, GQA, mask, dtype), one program per row."""
+    """`alibi.model.invariant.attention`'s contract (shapes, GQA, mask, dtype), one program per row.
+
+    With `allowed` None (the causal mask aligned to the last query) the rows' limits are computed in
+    the program and no mask is read: the same blocks, the same keys, the same bits as the explicit
+    `causal_allowed` mask, without the mask's launches. The output is a [B, Hq, S, D] view of a
+    [B, S, Hq, D] tensor, the layout the o-projection reads, so the caller's transpose copies nothing."""
     _require_triton()
     b, hq, s, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
-    if allowed.shape[1] != 1:
-        raise ValueError(f"attention mask with {allowed.shape[1]} heads: the runner's masks are per row, [B|1, 1, S, L]")
-    allowed = allowed[:, 0, :, :length].expand(allowed.shape[0], s, length)
-    if allowed.stride(-1) != 1:
-        allowed = allowed.contiguous()
-    # one past each row's last allowed key: the row stops after the block that holds it
-    hi = (allowed * torch.arange(1, length + 1, device=allowed.device, dtype=torch.int32)).amax(-1).to(torch.int32)
     q = query if query.stride(-1) == 1 else query.contiguous()
     k = key if key.stride(-1) == 1 else key.contiguous()
     v = value if value.stride(-1) == 1 else value.contiguous()
-    out = torch.empty(b, hq, s, d, dtype=query.dtype, device=query.device)
-    batch_stride = (lambda t: t.stride(0) if t.shape[0] > 1 else 0)
+    out = torch.empty(b, s, hq, d, dtype=query.dtype, device=query.device).transpose(1, 2)
+    if allowed is None:
+        allowed_rows = hi = q  # not read: the kernel's CAUSAL branch takes neither pointer
+        mask_strides = (0, 0, 0, 0)
+    else:
+        if allowed.shape[1] != 1:
+            raise ValueError(f"attention mask with {allowed.shape[1]} heads: the runner's masks are per row, [B|1, 1, S, L]")
+        allowed = allowed[:, 0, :, :length].expand(allowed.shape[0], s, length)
+        if allowed.stride(-1) != 1:
+            allowed = allowed.contiguous()
+        # one past each row's last allowed key: the row stops after the block that holds it
+        hi = (allowed * torch.arange(1, length + 1, device=allowed.device, dtype=torch.int32)).amax(-1).to(torch.int32)
+        allowed_rows = allowed.view(torch.uint8)
+        batch_stride = (lambda t: t.stride(0) if t.shape[0] > 1 else 0)
+        mask_strides = (batch_stride(allowed), allowed.stride(1), batch_stride(hi), hi.stride(1))
     _attention_row_kernel[(s, hq, b)](
-        q, k, v, out, allowed.view(torch.uint8), hi,
+        q, k, v, out, allowed_rows, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        batch_stride(allowed), allowed.stride(1), batch_stride(hi), hi.stride(1), hq // hkv, d, float(scaling),
-        BLOCK_N=KEY_BLOCK, BLOCK_D=triton.next_power_of_2(d))
+        *mask_strides, hq // hkv, d, float(scaling), length - s,
+        CAUSAL=allowed is None, BLOCK_N=KEY_BLOCK, BLOCK_D=triton.next_power_of_2(d))
     return out
 
 

@@ -16,9 +16,13 @@
 #   tokens   (part ab) prepare the real and pow2 checkpoints; teacher-forced pairs and greedy at
 #            batch 64 (each arm twice from a cold restart) on both checkpoints (T1-T7, A1, A2)
 #   batch    the batch-1 (16 prompts) and batch-16 controls of each arm and `alibi locate`
-#            against batch 64 (A3, A4)
-#   variations  `alibi variations` for cutlass and (--nondeterministic) cutlass (A5); the runner
-#            throughput benchmark; then triton and triton:w_then_a+fma while the call has time
+#            against batch 64 (A3, A4); B1_ARMS, B16_ARMS (default "a b") pick the arms
+#   variations  the runner throughput benchmark with a profile of its decode steps (BENCH=0 skips
+#            it); `alibi variations` for (--nondeterministic) cutlass, cutlass, triton and
+#            triton:w_then_a+fma while the call has time (KERNELS picks them; native = the first)
+#
+# SRC (default gpu_payload/src.tar.gz) names the source archive, so one call can run two commits
+# (e.g. a criterion's run at the commit of the results it completes, and a benchmark at HEAD).
 #
 # Results go to $OUT as <stage>.tgz plus <stage>-steps.txt. The criteria are judged afterwards by
 # `alibi prereg evaluate` over the returned files (analysis/results/h200/determinism/README.md).
@@ -27,7 +31,8 @@ STAGE=$1
 : "${OUT:?}"
 REPO=$PWD
 S=/tmp/src
-rm -rf "$S" && mkdir -p "$S" && tar -xzf gpu_payload/src.tar.gz -C "$S" || { echo "no source archive"; exit 1; }
+SRC=${SRC:-gpu_payload/src.tar.gz}  # the commit that runs (pack_source.sh COMMIT OUT)
+rm -rf "$S" && mkdir -p "$S" && tar -xzf "$SRC" -C "$S" || { echo "no source archive $SRC"; exit 1; }
 ln -s "$REPO/gpu_payload" "$S/gpu_payload"
 cd "$S" || exit 1
 echo "source: commit $(cat SOURCE_COMMIT)"
@@ -38,7 +43,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/alibi_cache" ] || tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
 . analysis/h200/kernel_pins.sh
-R=$OUT/$STAGE
+NAME=${TAG:-$STAGE}  # the results folder: TAG tells two calls of one stage apart
+R=$OUT/$NAME
 mkdir -p "$R"
 cp SOURCE_COMMIT "$R/"
 T0=$(date +%s)
@@ -83,16 +89,17 @@ case $STAGE in
         --kernel-b triton --windows 64 --prompt-tokens 128 --new-tokens 64 --batch-size 64 --quiet --out "$R/greedy-$ck"
     done
     rm -rf "$W/batch64" && cp -r "$R/greedy-real/runs" "$W/batch64" ;;
-  batch)  # needs tokens' greedy-real run folders, kept in /tmp/alibi/batch64 by the tokens call
+  batch)  # needs tokens' greedy-real run folders: kept in /tmp/alibi/batch64 by the tokens call, or
+          # carried as gpu_payload/batch64 (a committed greedy-real/runs folder)
     prepare_model || exit 1
-    B64=$W/batch64
-    for arm in ${ARMS:-a b}; do
+    B64=$W/batch64; [ -d "$B64" ] || B64=$REPO/gpu_payload/batch64
+    for arm in ${B1_ARMS:-a b}; do
       k=cutlass; [ $arm = b ] && k=triton
       run "b1-$arm" 200 python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k --arm $arm \
         --windows 16 --prompt-tokens 128 --new-tokens 64 --batch-size 1 --quiet --out "$R/b1-$arm"
       run "locate-b1-$arm" 60 python -m alibi locate "$B64/$arm-1" "$R/b1-$arm" --out "$R/locate-b1-$arm"
     done
-    for arm in ${ARMS:-a b}; do
+    for arm in ${B16_ARMS:-a b}; do
       k=cutlass; [ $arm = b ] && k=triton
       [ "$(left)" -gt 90 ] || { stamp "b16-$arm not run: the call's time is spent"; continue; }
       run "b16-$arm" $(( $(left) - 30 )) python -m alibi replay greedy --model "$REAL" --prompts $PROMPTS64 --kernel $k \
@@ -101,9 +108,10 @@ case $STAGE in
     done ;;
   variations)
     prepare_model || exit 1
-    run bench-runner 120 python analysis/bench_runner.py --model "$REAL" --kernel cutlass --prompts $PROMPTS64 \
-      --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 2 --out "$R/bench-runner.json"
-    for k in native cutlass triton triton:w_then_a+fma; do
+    [ "${BENCH:-1}" = 1 ] && run bench-runner 150 python analysis/bench_runner.py --model "$REAL" --kernel cutlass \
+      --prompts $PROMPTS64 --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" \
+      --profile "$R/bench-runner-profile.txt"
+    for k in ${KERNELS:-native cutlass triton triton:w_then_a+fma}; do
       n=variations-${k//[:+]/_}; extra=""; kk=$k
       [ $k = native ] && { extra=--nondeterministic; kk=cutlass; }
       [ "$(left)" -gt 120 ] || { stamp "$n not run: the call's time is spent"; continue; }
@@ -112,6 +120,6 @@ case $STAGE in
     done ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
-stamp "stage $STAGE done"
-tar -C "$OUT" -czf "$OUT/$STAGE.tgz" "$STAGE" && cp "$R/steps.txt" "$OUT/$STAGE-steps.txt" && rm -rf "$R"
+stamp "stage $STAGE done (commit $(cat SOURCE_COMMIT))"
+tar -C "$OUT" -czf "$OUT/$NAME.tgz" "$NAME" && cp "$R/steps.txt" "$OUT/$NAME-steps.txt" && rm -rf "$R"
 ls -la "$OUT"

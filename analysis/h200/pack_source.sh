@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# gpu_payload/src.tar.gz: the toolkit, scripts, prompt sets and protocols of one commit (default
-# HEAD), for analysis/h200/session.sh; refuses a commit that is not in the history.
+# gpu_payload/src.tar.gz (or OUT): the toolkit, scripts, prompt sets and protocols of one commit
+# (default HEAD), for the analysis/h200 scripts; refuses a commit that is not in the history.
+#   bash analysis/h200/pack_source.sh [COMMIT [OUT]]
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 commit=$(git rev-parse --verify "${1:-HEAD}^{commit}")
@@ -9,5 +10,6 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 git archive --format=tar "$commit" -- alibi analysis/h200 analysis/bench_replay.py analysis/bench_runner.py experiments docs/schemas prereg tests pyproject.toml README.md .ci > "$tmp/src.tar"
 echo "$commit" > "$tmp/SOURCE_COMMIT"
 tar -rf "$tmp/src.tar" -C "$tmp" SOURCE_COMMIT
-gzip -9 -c "$tmp/src.tar" > gpu_payload/src.tar.gz
-echo "gpu_payload/src.tar.gz: commit $commit, $(stat -c %s gpu_payload/src.tar.gz) bytes"
+out=${2:-gpu_payload/src.tar.gz}
+gzip -9 -c "$tmp/src.tar" > "$out"
+echo "$out: commit $commit, $(stat -c %s "$out") bytes"

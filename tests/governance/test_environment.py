@@ -37,11 +37,12 @@ def test_the_record_carries_the_torch_flags_of_the_execution_mode_in_force(monke
         apply_execution_mode(model, deterministic=True)
         flags = env.environment_record()["torch_flags"]
         assert flags["deterministic_algorithms"] and flags["cublas_workspace_config"] == ":4096:8"
-        assert not flags["bf16_reduced_precision_reduction"]
+        assert not flags["bf16_reduced_precision_reduction"] and not flags["fill_uninitialized_memory"]
     finally:
         apply_execution_mode(model, deterministic=False)
     flags = env.environment_record()["torch_flags"]
     assert not flags["deterministic_algorithms"] and flags["bf16_reduced_precision_reduction"]
+    assert flags["fill_uninitialized_memory"]
 
 
 def test_the_toolkit_record_names_this_package_and_its_version():
