@@ -42,6 +42,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/cutlass_include" ] || tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz
 [ -d "$W/alibi_cache" ] || tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz
 export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include ALIBI_CACHE=$W/alibi_cache
+export TRITON_CACHE_DIR=$W/triton-cache  # compiled kernels kept from call to call while the machine is warm
 . analysis/h200/kernel_pins.sh
 NAME=${TAG:-$STAGE}  # the results folder: TAG tells two calls of one stage apart
 R=$OUT/$NAME
@@ -111,7 +112,7 @@ case $STAGE in
     [ "${BENCH:-1}" = 1 ] && run bench-runner 150 python analysis/bench_runner.py --model "$REAL" --kernel cutlass \
       --prompts $PROMPTS64 --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" \
       --profile "$R/bench-runner-profile.txt"
-    for k in ${KERNELS:-native cutlass triton triton:w_then_a+fma}; do
+    for k in ${KERNELS-native cutlass triton triton:w_then_a+fma}; do  # KERNELS="" runs none
       n=variations-${k//[:+]/_}; extra=""; kk=$k
       [ $k = native ] && { extra=--nondeterministic; kk=cutlass; }
       [ "$(left)" -gt 120 ] || { stamp "$n not run: the call's time is spent"; continue; }
