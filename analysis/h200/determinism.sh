@@ -12,7 +12,7 @@
 # while the machine stays warm); `alibi model prepare` checks the joined file's pinned sha256. Each
 # call does useful work of its own, under a time limit per step:
 #
-#   probe    (part aa) every GPU test of the test suite (junit log)
+#   probe    (part aa) every GPU test of the test suite, or of the TESTS paths (junit log)
 #   tokens   (part ab) prepare the real and pow2 checkpoints; teacher-forced pairs and greedy at
 #            batch 64 (each arm twice from a cold restart) on both checkpoints (T1-T7, A1, A2)
 #   batch    the batch-1 (16 prompts) and batch-16 controls of each arm and `alibi locate`
@@ -75,7 +75,7 @@ left() { echo $(( LIMIT - ($(date +%s) - T0) )); }  # seconds left of this call'
 LIMIT=${LIMIT:-560}
 case $STAGE in
   probe)
-    run gpu-tests $(( $(left) - 10 )) python -m pytest -q -m gpu tests -p no:cacheprovider --continue-on-collection-errors \
+    run gpu-tests $(( $(left) - 10 )) python -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider --continue-on-collection-errors \
       --junitxml "$R/pytest-gpu-junit.xml" ;;
   tokens)
     prepare_model || exit 1
