@@ -95,7 +95,11 @@ def teacher_forced(args: argparse.Namespace) -> int:
                         overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic,
                         prereg=args.prereg)
         if code == 0:
-            print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b), flips in {args.out / 'flips'}")
+            from alibi.stats.flips import read_flips
+
+            fa = read_flips(args.out / "flips")
+            print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b): {fa.n_flips} flips in "
+                  f"{fa.n_positions} positions; {args.out / 'flips'}")
         return code
     from alibi.replay.teacher_forced import run_teacher_forced
 

@@ -107,7 +107,8 @@ def test_prereg_overlapping_the_output_and_prereg_with_vllm_are_refused_in_one_l
 
 
 @needs_model_extra
-def test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder(tiny, tmp_path, protocol, monkeypatch):
+def test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder_and_prints_its_flip_count(
+        tiny, tmp_path, protocol, monkeypatch, capsys):
     import inprocess_arms
 
     import alibi.replay.teacher_forced as tf
@@ -123,6 +124,8 @@ def test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder(tiny,
         assert read_manifest(folder).predicate["protocol"] == want, folder
     assert verify_files(out) == []
     assert json.loads((out / "manifest.json").read_text())["predicate"]["parameters"]["replay"] == "teacher-forced-pair"
+    flips = json.loads((out / "flips" / "flips.json").read_text())
+    assert f": {flips['n_flips']} flips in {flips['n_positions']} positions; " in capsys.readouterr().out
 
 
 @needs_model_extra
