@@ -155,6 +155,20 @@ def test_real_scale_tolerance_fires_when_only_one_side_is_not_finite():
     assert checks.real_scale_tolerance(a, b, True).fired
 
 
+@pytest.mark.parametrize("threshold", [1, 2, 5])
+def test_real_scale_tolerance_passes_at_exactly_its_threshold_and_fires_one_ulp_above(threshold):
+    a = torch.tensor([1.0, -3.5, 1000.0], dtype=torch.bfloat16)
+
+    def ulps_up(n):  # every element n ulps away from a (bf16 bit patterns of positive steps)
+        return (a.view(torch.int16) + torch.tensor([n, -n, n], dtype=torch.int16)).view(torch.bfloat16)
+
+    at = checks.real_scale_tolerance(a, ulps_up(threshold), True, threshold=threshold)
+    assert ulp_distance(a, ulps_up(threshold)).tolist() == [threshold] * 3
+    assert not at.fired and at.evidence["max_ulp"] == threshold and at.evidence["n_over_threshold"] == 0
+    above = checks.real_scale_tolerance(a, ulps_up(threshold + 1), True, threshold=threshold)
+    assert above.fired and above.evidence["n_over_threshold"] == 3
+
+
 def test_token_level_risk_fires_above_its_bound():
     assert checks.token_level_risk(0.05, 0.01).fired
     assert checks.token_level_risk(0.005, 0.01).status == "passed"
