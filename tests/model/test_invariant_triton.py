@@ -133,17 +133,20 @@ def test_rms_norm_promotes_dtypes_as_torch_does_and_weights_after_the_cast():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_at_the_studys_decode_shape_batch_64_and_batch_1_give_row_0_the_same_bits_and_repeat_exactly():
+def test_at_the_studys_decode_shape_batch_64_and_batch_1_give_row_0_the_same_bits_repeat_exactly_with_or_without_a_mask():
     g = torch.Generator().manual_seed(0)
     b, hq, hkv, length, d = 64, 9, 3, 192, 64
     q = torch.randn(b, hq, 1, d, generator=g).cuda().bfloat16()
     k = torch.randn(b, hkv, length, d, generator=g).cuda().bfloat16()
     v = torch.randn(b, hkv, length, d, generator=g).cuda().bfloat16()
+    first = {}
     for mask in (causal_allowed(1, length, q.device), None):
         runs = [invariant_triton.attention(q, k, v, mask, 0.125) for _ in range(20)]
         assert all(torch.equal(bits(r), bits(runs[0])) for r in runs)
         alone = invariant_triton.attention(q[:1], k[:1], v[:1], mask, 0.125)
         assert torch.equal(bits(alone), bits(runs[0][:1]))
+        first[mask is None] = runs[0]
+    assert torch.equal(bits(first[True]), bits(first[False]))  # the mask-free path gives the mask's bits
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="the propositions above ran in this process")
