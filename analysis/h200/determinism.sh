@@ -22,7 +22,8 @@
 #            triton:w_then_a+fma while the call has time (KERNELS picks them; native = the first)
 #
 # SRC (default gpu_payload/src.tar.gz) names the source archive, so one call can run two commits
-# (e.g. a criterion's run at the commit of the results it completes, and a benchmark at HEAD).
+# (e.g. a criterion's run at the commit of the results it completes, and a benchmark at HEAD); SRC_DIR
+# (default /tmp/src) where it is unpacked, so that two instances can run side by side.
 #
 # Results go to $OUT as <stage>.tgz plus <stage>-steps.txt. The criteria are judged afterwards by
 # `alibi prereg evaluate` over the returned files (analysis/results/h200/determinism/README.md).
@@ -30,7 +31,7 @@ set -u
 STAGE=$1
 : "${OUT:?}"
 REPO=$PWD
-S=/tmp/src
+S=${SRC_DIR:-/tmp/src}  # where the archive is unpacked: two calls of this script side by side need two
 SRC=${SRC:-gpu_payload/src.tar.gz}  # the commit that runs (pack_source.sh COMMIT OUT)
 rm -rf "$S" && mkdir -p "$S" && tar -xzf "$SRC" -C "$S" || { echo "no source archive $SRC"; exit 1; }
 ln -s "$REPO/gpu_payload" "$S/gpu_payload"

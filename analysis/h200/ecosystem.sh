@@ -34,29 +34,36 @@ R=$OUT/ecosystem
 W=${W:-/tmp/alibi}
 mkdir -p "$E" "$R"
 T0=$(date +%s)
-STEPS=()
-step() {  # step NAME LIMIT_S CMD...: CMD under a time limit, output in $R/NAME.txt, status kept for the summary
+# step NAME LIMIT_S CMD...: CMD under a time limit, output in $R/NAME.txt, its status line appended to
+# $R/steps.txt (a file, so that steps started in the background with `&` report too; `wait` collects them).
+step() {
   local name=$1 limit=$2; shift 2
   local s; s=$(date +%s)
   timeout "$limit" "$@" > "$R/$name.txt" 2>&1
   local rc=$?
-  STEPS+=("$(printf '%-44s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - s ))")")
+  printf '%-44s rc=%-3s %4ss\n' "$name" "$rc" "$(( $(date +%s) - s ))" >> "$R/steps.txt"
   echo "[$(( $(date +%s) - T0 ))s] $name rc=$rc"
   return $rc
 }
-note() { STEPS+=("$*"); echo "$*"; }
+note() { echo "$*" >> "$R/steps.txt"; echo "$*"; }
 
-# --- the carried wheels, checked against SHA256SUMS, installed once per machine --------------------------
+# --- the carried wheels, checked against SHA256SUMS, installed once per machine (kept in $E) -------------
+# A call that does not carry gpu_payload/ecosystem uses what an earlier call installed in $E, or says that
+# the other projects' kernels are left out.
 P=gpu_payload/ecosystem
-for f in "$P"/*.whl "$P"/fbgemm_triton_gemm-1.6.0.tar.xz; do
-  want_sum=$(grep "  $(basename "$f")\$" "$P/SHA256SUMS" | cut -d' ' -f1)
-  [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$want_sum" ] || { echo "ecosystem.sh: $f does not match $P/SHA256SUMS"; exit 3; }
-done
-if [ ! -d "$E/site/torchao" ]; then
-  python -m pip install -q --no-index --no-deps --target "$E/site" "$P"/*.whl > "$R/install.txt" 2>&1 \
-    || { cat "$R/install.txt"; exit 3; }
+if [ -f "$P/SHA256SUMS" ]; then
+  for f in "$P"/*.whl "$P"/fbgemm_triton_gemm-1.6.0.tar.xz; do
+    want_sum=$(grep "  $(basename "$f")\$" "$P/SHA256SUMS" | cut -d' ' -f1)
+    [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$want_sum" ] || { echo "ecosystem.sh: $f does not match $P/SHA256SUMS"; exit 3; }
+  done
+  if [ ! -d "$E/site/torchao" ]; then
+    python -m pip install -q --no-index --no-deps --target "$E/site" "$P"/*.whl > "$R/install.txt" 2>&1 \
+      || { cat "$R/install.txt"; exit 3; }
+  fi
+  mkdir -p "$E/fbgemm" && tar -C "$E/fbgemm" -xJf "$P/fbgemm_triton_gemm-1.6.0.tar.xz"
+elif [ ! -d "$E/site/torchao" ]; then
+  note "the other projects' wheels are neither carried ($P) nor installed in $E: torchao, bnb and fbgemm kernels are left out"
 fi
-mkdir -p "$E/fbgemm" && tar -C "$E/fbgemm" -xJf "$P/fbgemm_triton_gemm-1.6.0.tar.xz"
 export PYTHONPATH=$PWD:$E/site PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export ALIBI_FBGEMM_ROOT=$E/fbgemm TORCHAO_AUTOTUNER_DATA_PATH=$E/torchao-autotune.pkl
 V=/tmp/alibi-vllm
@@ -70,12 +77,13 @@ fi
   python -c "import torchao, bitsandbytes; print('torchao', torchao.__version__, 'bitsandbytes', bitsandbytes.__version__)"
   lscpu | grep -E 'Model name|^CPU\(s\)'; cat SOURCE_COMMIT 2>/dev/null; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
-step kernels 180 python -m alibi kernels
+step kernels 180 python -m alibi kernels &
 
 INT8=${ECO_INT8:-cutlass,cutlass-sm80,triton,triton:w_then_a+fma,cublas,torch-cpu,vllm-cutlass,vllm-triton,torchao-int8,torchao-int-scaled-mm,sgl-int8}
 FP8=${ECO_FP8:-cutlass-fp8,cublaslt-fp8,triton-fp8,vllm-cutlass-fp8,fbgemm-fp8-row,sgl-fp8}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1764633600}
 
+if want identify || want synthetic || want fp8; then
 # --- operands ------------------------------------------------------------------------------------------
 step operands 300 python - "$E/tiles" <<'PY'
 """Tile folders. probes: the output-dtype bias probes, bf16 and fp16 (identify; a bias in the output dtype suits
@@ -124,51 +132,57 @@ for M in (32, 256):
                              w_q=(w / s_w[:, None]).to(torch.float8_e4m3fn), s_w=s_w, name=f"m{M}-{t.name}"))
 put("fp8", fp8)
 PY
+fi
 T=$E/tiles
 
 # --- identify: each GPU int8 kernel on the probes; the fp8 and library tests -------------------------------
 if want identify; then
-  for k in ${INT8//,/ } bnb-int8; do
+  # ECO_IDENTIFY: which kernels (default: every int8 kernel and bnb-int8); they run side by side.
+  for k in ${ECO_IDENTIFY:-${INT8//,/ } bnb-int8}; do
     f=probes; [ "$k" = bnb-int8 ] && f=probes-stats-fp16
     safe=${k//[:+]/_}  # file names that travel back: no ':' or '+'
-    step "identify-$safe" 240 python -m alibi identify "$k" --tiles "$T/$f"
+    step "identify-$safe" 240 python -m alibi identify "$k" --tiles "$T/$f" &
   done
-  step pytest-ecosystem-gpu 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_torchao.py \
-    tests/kernels/test_bnb.py tests/kernels/test_fbgemm_sglang.py --junitxml "$R/pytest-ecosystem-gpu.xml"
+  if [ "${ECO_PYTEST:-1}" = 1 ]; then
+    step pytest-ecosystem-gpu 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_torchao.py \
+      tests/kernels/test_bnb.py tests/kernels/test_fbgemm_sglang.py tests/test_matrix.py --junitxml "$R/pytest-ecosystem-gpu.xml" &
+  fi
+  wait
 fi
 
 # --- matrices on synthetic operands --------------------------------------------------------------------
-if want synthetic; then
+if want synthetic; then  # the matrices run side by side
   step matrix-biased-bf16 300 python -m alibi matrix --available-only --kernels "$INT8" --tiles "$T/biased-bf16" \
-    --quiet --out "$R/matrix-biased-bf16"
+    --quiet --out "$R/matrix-biased-bf16" &
   step matrix-biased-fp16 300 python -m alibi matrix --available-only --kernels "$INT8" --tiles "$T/biased-fp16" \
-    --quiet --out "$R/matrix-biased-fp16"
+    --quiet --out "$R/matrix-biased-fp16" &
   step matrix-biased-stats-fp16 300 python -m alibi matrix --available-only --kernels "$INT8,bnb-int8" \
-    --tiles "$T/biased-stats-fp16" --quiet --out "$R/matrix-biased-stats-fp16"
+    --tiles "$T/biased-stats-fp16" --quiet --out "$R/matrix-biased-stats-fp16" &
 fi
 if want fp8; then
   step matrix-fp8 300 python -m alibi matrix --available-only --kernels "$FP8" --tiles "$T/fp8" --quiet \
-    --out "$R/matrix-fp8"
+    --out "$R/matrix-fp8" &
 fi
+wait
 
 # --- the SmolLM2 capture and the token-level consequence -------------------------------------------------
 have_model() { [ -f "$W/model/w8a8/manifest.json" ]; }
 if want capture || want flips; then
   if ! have_model && type prepare_model >/dev/null 2>&1; then prepare_model > "$R/prepare.txt" 2>&1; fi
+fi
+capture_matrix() {  # the capture (kept in $W for later calls), then the matrix over it
   if have_model && [ ! -f "$W/capture/manifest.json" ]; then
     step capture 300 python -m alibi capture --model "$W/model/w8a8" --prompts experiments/prompts/wikipedia-8x512 \
       --tokens 512 --kernel triton --quiet --out "$W/capture"
   fi
-fi
-if want capture; then
   if [ -f "$W/capture/manifest.json" ]; then
     step matrix-capture 540 python -m alibi matrix --available-only --kernels "$INT8" --tiles "$W/capture" --quiet \
       --out "$R/matrix-capture"
   else
     note "capture: no SmolLM2 capture in $W/capture and no model to make one (send the GGUF parts first)"
   fi
-fi
-if want flips; then
+}
+flips() {
   if have_model && [ -n "${ALIBI_VLLM_OPS:-}" ]; then
     step flips-torchao-vs-vllm-cutlass 420 python -m alibi replay teacher-forced --model "$W/model/w8a8" \
       --prompts experiments/prompts/wikipedia-64x512 --kernel-a torchao-int8 --kernel-b vllm-cutlass \
@@ -176,11 +190,14 @@ if want flips; then
   else
     note "flips: needs the SmolLM2 model in $W/model and vLLM's files in $V"
   fi
-fi
+}
+want capture && capture_matrix &
+want flips && flips &
+wait
 
 # --- summary ------------------------------------------------------------------------------------------
 { echo "ecosystem.sh on $(head -1 "$R/env.txt"), source $(cat SOURCE_COMMIT 2>/dev/null || echo '?')"
-  printf '%s\n' "${STEPS[@]}"
+  cat "$R/steps.txt"
   for m in "$R"/matrix-*/matrix.json; do
     [ -f "$m" ] || continue
     echo; echo "== $(basename "$(dirname "$m")")"
