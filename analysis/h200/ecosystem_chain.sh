@@ -16,7 +16,7 @@
 #        A5-triton_fma, analysis/h200/determinism.sh); the SmolLM2 capture and the matrix over it; the
 #        teacher-forced flips of torchao-int8 against vllm-cutlass (ecosystem.sh, parts capture flips)
 #
-# The GGUF is split unevenly (split -b 45000000: part aa 45 MB, part ab the rest) so that each call stays under
+# The GGUF is split unevenly (head -c 45000000 for part aa, tail -c +45000001 for part ab) so that each call stays under
 # the 64 MiB a call carries with the checkout (analysis/results left out of the travelling tree).
 # Results: $OUT/<stage>.tgz and $OUT/<stage>-summary.txt (at most 8 files come back from a call).
 set -u
