@@ -34,18 +34,21 @@ R=$OUT/ecosystem
 W=${W:-/tmp/alibi}
 mkdir -p "$E" "$R"
 T0=$(date +%s)
+note() { echo "$*" >> "$R/steps.txt"; echo "$*"; }
 # step NAME LIMIT_S CMD...: CMD under a time limit, output in $R/NAME.txt, its status line appended to
 # $R/steps.txt (a file, so that steps started in the background with `&` report too; `wait` collects them).
+# ECO_DEADLINE (epoch seconds, optional) shortens every limit so that the step ends by then.
 step() {
   local name=$1 limit=$2; shift 2
   local s; s=$(date +%s)
+  if [ -n "${ECO_DEADLINE:-}" ] && [ $(( ECO_DEADLINE - s )) -lt "$limit" ]; then limit=$(( ECO_DEADLINE - s )); fi
+  if [ "$limit" -lt 10 ]; then note "$name not run: the call's time is spent"; return 124; fi
   timeout "$limit" "$@" > "$R/$name.txt" 2>&1
   local rc=$?
   printf '%-44s rc=%-3s %4ss\n' "$name" "$rc" "$(( $(date +%s) - s ))" >> "$R/steps.txt"
   echo "[$(( $(date +%s) - T0 ))s] $name rc=$rc"
   return $rc
 }
-note() { echo "$*" >> "$R/steps.txt"; echo "$*"; }
 
 # --- the carried wheels, checked against SHA256SUMS, installed once per machine (kept in $E) -------------
 # A call that does not carry gpu_payload/ecosystem uses what an earlier call installed in $E, or says that

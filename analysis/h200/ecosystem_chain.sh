@@ -43,6 +43,7 @@ if [ -f "$W/kernel-pins.json" ]; then
 fi
 export TRITON_CACHE_DIR=$W/triton-cache
 T0=$(date +%s)
+export ECO_DEADLINE=$(( T0 + ${BUDGET_S:-540} ))  # every ecosystem.sh step ends by then (the call's limit is 600 s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/$STAGE-summary.txt"; }
 for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p")"; done
 finish() {  # pack $OUT/ecosystem (and any extra folders) into $OUT/$STAGE.tgz
