@@ -9,7 +9,15 @@ fp8_gemm` from there (the subfolders have no `__init__.py` above `triton_gemm`, 
 Where the tree is: `ALIBI_FBGEMM_ROOT` (a folder holding `fbgemm_gpu/experimental/gemm/triton_gemm/`,
 e.g. the unpacked wheel), else an installed fbgemm-gpu-genai, located without importing it.
 
-What runs: `matmul_fp8_row(a, b, a_scale, b_scale, bias)` with e4m3 `a [M,K]`, `b [N,K]`, fp32 scales
+Which of its kernels runs. On NVIDIA GPUs `matmul_fp8_row` defaults to its TMA-persistent kernel, whose
+launcher fills TMA descriptors through `triton.runtime.driver.active.utils.fill_1d_tma_descriptor`. Triton 3.6
+(the release torch 2.11 ships) no longer has that function: on the H200 every call of the default path raised
+`AttributeError: 'CudaUtils' object has no attribute 'fill_1d_tma_descriptor'` (2026-12-06). So alibi passes
+`tma_persistent=False`, which selects FBGEMM's persistent kernel with ordinary loads (`_kernel_matmul_fp8_row`,
+the same epilogue); the choice is recorded in the evidence (`last_run.tma_persistent`). A user of this FBGEMM
+release on this Triton gets the same error from the default call.
+
+What runs: `matmul_fp8_row(a, b, a_scale, b_scale, bias, tma_persistent=False)` with e4m3 `a [M,K]`, `b [N,K]`, fp32 scales
 `[M]`, `[N]` with `A·a_scale = original A` (alibi's convention), bias `[N]`; fp32 accumulation, output
 bf16 only. Every variant of its epilogue does `scale = a_scale[:, None] * b_scale[None, :]`,
 `acc *= scale`, `acc += bias[None, :]`, then the cast: the scale product first. Triton contracts a
@@ -137,10 +145,11 @@ class FbgemmFp8RowKernel(Kernel):
         a_scale = (s_a.expand(M) if s_a.numel() == 1 else s_a.reshape(M)).to(torch.float32).contiguous()
         b_scale = (s_w.expand(N) if s_w.numel() == 1 else s_w.reshape(N)).to(torch.float32).contiguous()
         fn = load_fp8_gemm().matmul_fp8_row
-        self.last_run = {"M": M, "op": "matmul_fp8_row",
+        self.last_run = {"M": M, "op": "matmul_fp8_row", "tma_persistent": False,
                          "bias_dtype": None if bias is None else str(bias.dtype).removeprefix("torch.")}
+        # tma_persistent=False: the TMA launcher needs a Triton API that Triton 3.6 removed (module docstring).
         return fn(a_q.contiguous(), w_q.contiguous(), a_scale, b_scale,
-                  bias=None if bias is None else bias.contiguous())
+                  bias=None if bias is None else bias.contiguous(), tma_persistent=False)
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

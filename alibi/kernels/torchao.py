@@ -30,9 +30,13 @@ tests/kernels/test_torchao.py intercepts `int_scaled_matmul` and checks that it 
 `torchao-int-scaled-mm` is the same linear with TorchAO's Triton `int_scaled_matmul`
 (`TORCHAO_AUTOTUNER_ENABLE=1`'s path, `torch.ops.torchao.int_scaled_matmul`: `acc * s_x` stored as
 fp32), CUDA only; alibi sets `torchao.kernel.intmm.AUTOTUNER_ENABLE` for the duration of the call
-only, so both kernels can run in one process. The autotuner times its configurations once per shape
-(and saves them to `TORCHAO_AUTOTUNER_DATA_PATH`, default `./data.pkl`); no configuration changes the
-int32 accumulator or the epilogue.
+only, so both kernels can run in one process. TorchAO's autotuner compiles and times every one of its 960
+configurations (BLOCK_M/N/K in 32…256, 15 stage/warp pairs) for each new shape before the first call returns:
+on the H200 `alibi identify torchao-int-scaled-mm` ran past 240 s on its first probe shape (2026-12-06). No
+configuration changes a bit of the result (the int32 accumulator is exact; the epilogue `acc * s_x` is per
+element), so for the duration of the call alibi offers the autotuner one configuration, `TRITON_CONFIG`
+(PyTorch's baseline int8 tile), and records it in the evidence (`last_run.triton_config`). The autotuner
+still saves its choice to `TORCHAO_AUTOTUNER_DATA_PATH` (default `./data.pkl`).
 
 TorchAO's compiled extensions are not used by these paths: alibi sets
 `TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1` (unless already set) before importing torchao, as they load only
@@ -59,6 +63,9 @@ PINNED_VERSION = "0.18.0"
 INSTALL = f"pip install 'integer-alibi[torchao]' (torchao=={PINNED_VERSION})"
 SKIP_SO_ENV = "TORCHAO_FORCE_SKIP_LOADING_SO_FILES"
 # The modules whose code computes the linear; their files' digests go into the evidence.
+# The one configuration torchao-int-scaled-mm offers TorchAO's autotuner (module docstring): PyTorch's
+# baseline int8 GEMM tile.
+TRITON_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_stages": 2, "num_warps": 4}
 SOURCE_MODULES = ("torchao.quantization.quantize_.workflows.int8.int8_tensor", "torchao.kernel.intmm",
                   "torchao.quantization.quant_primitives", "torchao.kernel.intmm_triton")
 
@@ -179,12 +186,21 @@ class TorchaoInt8Kernel(Kernel):
     @contextmanager
     def _matmul_path(self):
         intmm = _MODULES["intmm"]
-        before = intmm.AUTOTUNER_ENABLE
+        triton_module = intmm.intmm_triton
+        before = intmm.AUTOTUNER_ENABLE, getattr(triton_module, "int8_mm_kernel_configs", None)
         intmm.AUTOTUNER_ENABLE = self.triton
+        if self.triton:
+            import triton  # CUDA only, and only here: the Triton path is the one that needs it
+
+            options = dict(TRITON_CONFIG)
+            stages, warps = options.pop("num_stages"), options.pop("num_warps")
+            triton_module.int8_mm_kernel_configs = [triton.Config(options, num_stages=stages, num_warps=warps)]
         try:
             yield
         finally:
-            intmm.AUTOTUNER_ENABLE = before
+            intmm.AUTOTUNER_ENABLE = before[0]
+            if self.triton:
+                triton_module.int8_mm_kernel_configs = before[1]
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -204,6 +220,7 @@ class TorchaoInt8Kernel(Kernel):
             u8s8 = (not _cpu_is_amx_tile_supported()) and _cpu_is_vnni_supported()
             path = "torch._int_mm u8s8 (a+128, VNNI)" if u8s8 else "torch._int_mm s8s8"
         self.last_run = {"M": int(a_q.shape[0]), "matmul": path,
+                         **({"triton_config": dict(TRITON_CONFIG)} if self.triton else {}),
                          "bias_dtype": None if bias is None else str(bias.dtype).removeprefix("torch.")}
         return out
 
@@ -240,4 +257,4 @@ class TorchaoIntScaledMmKernel(TorchaoInt8Kernel):
         self.device = "cuda"
 
 
-__all__ = ["PINNED_VERSION", "TorchaoInt8Kernel", "TorchaoIntScaledMmKernel", "activation_for", "source_digests"]
+__all__ = ["PINNED_VERSION", "TRITON_CONFIG", "TorchaoInt8Kernel", "TorchaoIntScaledMmKernel", "activation_for", "source_digests"]

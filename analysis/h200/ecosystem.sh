@@ -150,8 +150,7 @@ if want identify; then
     step pytest-ecosystem-gpu 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_torchao.py \
       tests/kernels/test_bnb.py tests/kernels/test_fbgemm_sglang.py tests/test_matrix.py --junitxml "$R/pytest-ecosystem-gpu.xml" &
   fi
-  wait
-fi
+fi  # the identify steps run on beside the matrices; the `wait` below collects them all
 
 # --- matrices on synthetic operands --------------------------------------------------------------------
 if want synthetic; then  # the matrices run side by side

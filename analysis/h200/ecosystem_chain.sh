@@ -33,14 +33,15 @@ mkdir -p "$W"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d "$W/cutlass_include" ] || { [ -f gpu_payload/cutlass_include.tar.xz ] && tar -C "$W" -xJf gpu_payload/cutlass_include.tar.xz; }
 [ -d "$W/alibi_cache" ] || { [ -f gpu_payload/alibi_cache.tar.xz ] && tar -C "$W" -xJf gpu_payload/alibi_cache.tar.xz; }
-# The pins of the carried CUTLASS libraries (analysis/h200/kernel_pins.sh) come with the cache and stay in $W.
-[ -f gpu_payload/kernel-pins.json ] && cp gpu_payload/kernel-pins.json "$W/kernel-pins.json"
 [ -d "$W/cutlass_include" ] && export ALIBI_CUTLASS_INCLUDE=$W/cutlass_include
 export ALIBI_CACHE=$W/alibi_cache
-if [ -f "$W/kernel-pins.json" ]; then
-  mkdir -p -m 700 "$W/alibi_config" && cp "$W/kernel-pins.json" "$W/alibi_config/kernel-pins.json" \
-    && chmod 600 "$W/alibi_config/kernel-pins.json" && export ALIBI_CONFIG=$W/alibi_config
+# The pins of the carried CUTLASS libraries (analysis/h200/kernel_pins.sh) come with the cache, in the call that
+# carries them; later calls keep $W/alibi_config as it is, with any library built and pinned there since.
+if [ -f gpu_payload/kernel-pins.json ]; then
+  mkdir -p -m 700 "$W/alibi_config" && cp gpu_payload/kernel-pins.json "$W/alibi_config/kernel-pins.json" \
+    && chmod 600 "$W/alibi_config/kernel-pins.json"
 fi
+[ -f "$W/alibi_config/kernel-pins.json" ] && export ALIBI_CONFIG=$W/alibi_config
 export TRITON_CACHE_DIR=$W/triton-cache
 T0=$(date +%s)
 export ECO_DEADLINE=$(( T0 + ${BUDGET_S:-540} ))  # every ecosystem.sh step ends by then (the call's limit is 600 s)
@@ -62,6 +63,11 @@ case $STAGE in
     ECO_PARTS="identify synthetic fp8" ECO_IDENTIFY="cutlass cutlass-sm80 torchao-int8 torchao-int-scaled-mm bnb-int8 sgl-int8" \
       bash analysis/h200/ecosystem.sh
     finish ;;
+  matrices)  # one call: carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz,
+             # src.tar.gz} with a travelling tree of analysis/h200 alone (the code runs from src.tar.gz)
+    bash analysis/h200/vllm.sh --unpack || exit 1
+    ECO_PARTS="identify synthetic fp8" ECO_IDENTIFY="torchao-int-scaled-mm" bash analysis/h200/ecosystem.sh
+    finish ;;
   model)
     for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing"; exit 1; }; done
     if [ ! -f "$W/model/w8a8-pow2-ceil/manifest.json" ]; then
@@ -82,5 +88,5 @@ case $STAGE in
     mkdir -p "$OUT/a5"
     for f in "$OUT"/variations-*; do [ -e "$f" ] && mv "$f" "$OUT/a5/"; done
     finish a5 ;;
-  *) echo "unknown stage $STAGE (vllm, kernels, model)"; exit 2 ;;
+  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices)"; exit 2 ;;
 esac
