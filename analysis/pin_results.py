@@ -34,7 +34,8 @@ PREREGISTERED = {"h200/tokens": "prereg/smollm2-token-transfer",
                  # amendment 1 of the same protocol (analysis/results/h200/determinism/README.md)
                  **{f"h200/determinism/{part}": "prereg/smollm2-token-transfer" for part in ("greedy", "probe", "study")},
                  **{f"h200/determinism/b5db8e0/{part}": "prereg/smollm2-token-transfer"
-                    for part in ("probe", "tokens", "variations", "batch", "evaluation", "batch-controls", "evaluation-2")},
+                    for part in ("probe", "tokens", "variations", "batch", "evaluation", "batch-controls", "evaluation-2",
+                                 "variations-2", "evaluation-3")},
                  **{f"h200/determinism/76b0b83/{part}": "prereg/smollm2-token-transfer" for part in ("probe", "bench")}}  # when the manifests were written (fixed: a re-run gives the same bytes)
 
 
