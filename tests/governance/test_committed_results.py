@@ -38,6 +38,7 @@ ARCHIVES = {
     "h200/fma-e2e/tokens/tf-real": ("h200/fma-e2e/tokens/tf-real-arms.tar.xz", ""),
     "h200/determinism/b5db8e0/tokens/tf-real": ("h200/determinism/b5db8e0/tokens/teacher-forced-arms.tar.xz", "tf-real"),
     "h200/determinism/b5db8e0/tokens/tf-pow2": ("h200/determinism/b5db8e0/tokens/teacher-forced-arms.tar.xz", "tf-pow2"),
+    "h200/ecosystem/a2e1235/flips-torchao-int8-vs-vllm-cutlass": ("h200/ecosystem/a2e1235/flips-arms.tar.xz", ""),
 }
 # folder -> (the pattern of the files its manifest pins by sha256 but the repository leaves out, why)
 NOT_COMMITTED = {
