@@ -230,7 +230,9 @@ class CutlassKernel(Kernel):
     def library(self) -> CutlassLibrary:
         raise NotImplementedError
 
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16, config: int = -1):
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                  config: int = -1) -> torch.Tensor:
         check_operands(self.name, a_q, w_q, self.operand_dtype)
         if out_dtype not in OUT_KIND:
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
@@ -242,7 +244,7 @@ class CutlassKernel(Kernel):
         self.last_run = {"op": "scaled_mm", **info}
         return out
 
-    def accumulator(self, a_q, w_q, config: int = -1):
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor, config: int = -1) -> torch.Tensor:
         """The accumulator (int32 for int8, fp32 for fp8) of the mainloop configuration `scaled_mm` uses,
         so for fp8 it is summed in the same order."""
         check_operands(self.name, a_q, w_q, self.operand_dtype)
