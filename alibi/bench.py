@@ -51,8 +51,8 @@ from typing import Any
 
 import torch
 
-from alibi import atomic
 from alibi.errors import KernelUnavailable
+from alibi.io import atomic
 from alibi.kernels import get_kernel
 
 # vLLM's own kernels run wherever their op library / Triton file is found (alibi/kernels/vllm.py), so the

@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
-from alibi import atomic, checks
+from alibi import checks
 from alibi.differences import differing_elements
 from alibi.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.errors import InputError, one_line
+from alibi.io import atomic
 from alibi.kernels import Kernel, get_kernel
 from alibi.kernels.base import operands, private_copy
 from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
@@ -124,7 +125,7 @@ class TileSource:
 
 def tiles_sha256(tiles: Iterable[Tile]) -> str:
     """One digest over an ordered list of tiles: the listing of each tile's serialized bytes by name."""
-    from alibi.digests import sha256_bytes, sha256_listing
+    from alibi.io.digests import sha256_bytes, sha256_listing
     from alibi.tile import tile_bytes
 
     return sha256_listing((t.name, sha256_bytes(tile_bytes(t))) for t in tiles)
@@ -133,8 +134,8 @@ def tiles_sha256(tiles: Iterable[Tile]) -> str:
 def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
     """The tiles of a folder; every file is digested as it is read (tiles once, through `read_tile_dir`),
     before anything runs, so the folder digest pins the bytes that were checked."""
-    from alibi.digests import sha256_file, sha256_listing
     from alibi.governance.manifest import digest_set, folder_files
+    from alibi.io.digests import sha256_file, sha256_listing
     from alibi.tile import read_tile_dir
 
     folder = Path(folder)
@@ -451,8 +452,8 @@ def environment() -> dict[str, Any]:
 
 def progress_printer(stream=None) -> Callable[[int, int, str], None]:
     """Per-unit progress on `stream` (default: sys.stderr as it is at the call, not at import): a bar on a
-    terminal, `[done/total] label (s)` lines otherwise (alibi.progress)."""
-    from alibi.progress import Progress
+    terminal, `[done/total] label (s)` lines otherwise (alibi.io.progress)."""
+    from alibi.io.progress import Progress
 
     return Progress("conform", stream=stream)
 

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic, jsonio, yamlio
 from alibi.errors import InputError, one_line, shown
 from alibi.governance.environment import environment_record, toolkit_record, working_tree
 from alibi.governance.identity import flatten
@@ -58,7 +57,8 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
-from alibi.limits import check_seed
+from alibi.io import atomic, jsonio, yamlio
+from alibi.io.limits import check_seed
 from alibi.results import Report
 from alibi.unit_store import unit_files
 
@@ -207,7 +207,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise _bad(file, f"scales must be a list drawn from [real, pow2] without repeats, got {shown(scales)}")
     seed = raw.get("seed", 0)
     try:
-        check_seed(seed, "seed")  # the one rule for seeds (alibi.limits), as `conform --seed`
+        check_seed(seed, "seed")  # the one rule for seeds (alibi.io.limits), as `conform --seed`
     except InputError as exc:
         raise _bad(file, str(exc)) from None
     options = raw.get("options") or {}
@@ -308,7 +308,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
                    notice: Callable[[str], None] | None = None) -> RunResult:
     """Run `exp` unit by unit into `out` (default: the experiment's `out`).
 
-    progress: called `(done, total, label)` after each unit (`stderr_progress()`: alibi.progress).
+    progress: called `(done, total, label)` after each unit (`stderr_progress()`: alibi.io.progress).
 
     resume: continue a run whose folder already exists; the folder must have been started by the
     same experiment, protocol, inputs, kernels, toolkit and machine. Without it an existing
@@ -472,8 +472,8 @@ def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:
 
 
 def stderr_progress() -> Callable[[int, int, str], None]:
-    """Per-unit progress on stderr: a bar on a terminal, plain lines otherwise (alibi.progress)."""
-    from alibi.progress import Progress
+    """Per-unit progress on stderr: a bar on a terminal, plain lines otherwise (alibi.io.progress)."""
+    from alibi.io.progress import Progress
 
     return Progress("run", stream=sys.stderr)
 

@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from alibi import atomic
 from alibi.checks import CHECKS
 from alibi.conform import Pair, TileSource, run_conformance, validate_regimes
 from alibi.errors import InputError
+from alibi.io import atomic
+from alibi.io.progress import ProgressCallback
 from alibi.kernels import Kernel
 from alibi.kernels.base import KernelOutput
-from alibi.results import Report
 from alibi.kernels.mutants import (
     ALL,
     FAULTS,
@@ -43,7 +43,7 @@ from alibi.kernels.mutants import (
     native_triton_mutant,
 )
 from alibi.numerics import bitwise_equal_mask, max_ulp_distance
-from alibi.progress import ProgressCallback
+from alibi.results import Report
 from alibi.tile import Tile
 
 SCHEMA = "alibi.mutants/v1"
@@ -389,7 +389,7 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
 
     Validates everything first (faults, severities, regimes, the base's availability and formats),
     so bad input fails before any kernel runs. progress: called `(done, total, label)` after each
-    row of the matrix, i.e. each mutant plan under each regime (alibi.progress).
+    row of the matrix, i.e. each mutant plan under each regime (alibi.io.progress).
     """
     regimes = validate_regimes(regimes)
     base.require_available()

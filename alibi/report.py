@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from alibi import atomic
 from alibi.errors import one_line
+from alibi.io import atomic
 from alibi.results import KernelRecord, Report, UnitResult
 from alibi.verdict import CHECKS
 
@@ -296,8 +296,8 @@ def to_junit(report: Report) -> str:
 
 def read_report(path: str | Path) -> Report:
     """A `report.json` (or the folder holding one) as a `Report`; InputError naming the file otherwise."""
-    from alibi import jsonio
     from alibi.errors import InputError
+    from alibi.io import jsonio
 
     path = Path(path)
     if path.is_dir():

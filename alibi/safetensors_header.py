@@ -9,7 +9,7 @@ Argument for reading only this much. `n` is checked against the file's size (fro
 anything is read, so a file claiming a header larger than itself, or an 8 GiB sparse file, costs
 8 + n bytes of reading at most, and n is capped at 100 MB (safetensors' own limit). Shapes and
 offsets are checked against the data size, so a caller can bound the work a file asks for
-(`alibi.limits`) before any tensor is loaded. Every way the bytes can be malformed — too short, not
+(`alibi.io.limits`) before any tensor is loaded. Every way the bytes can be malformed — too short, not
 UTF-8, not JSON, nested JSON, not an object, a `__metadata__` that is not a string map, an entry
 without dtype/shape/offsets, offsets outside the data, a size that disagrees with dtype × shape,
 tensors not laid out back to back, bytes after the last tensor —
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from alibi import jsonio
 from alibi.errors import InputError, one_line, shown
+from alibi.io import jsonio
 
 HEADER_LIMIT = 100_000_000  # bytes; safetensors refuses larger headers too (MAX_HEADER_SIZE)
 METADATA_KEY = "__metadata__"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
-from alibi.limits import check_gemm_size, check_seed
+from alibi.io.limits import check_gemm_size, check_seed
 from alibi.quant import (
     quantize_per_token,
     quantize_weight_per_channel,

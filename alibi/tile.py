@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_safetensors
 
-from alibi import atomic
 from alibi.errors import InputError, one_line, shown
-from alibi.limits import check_gemm_size
+from alibi.io import atomic
+from alibi.io.digests import sha256_bytes
+from alibi.io.limits import check_gemm_size
 from alibi.numerics import FLOAT_DTYPES, dtype_name
-from alibi.digests import sha256_bytes
 from alibi.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
@@ -176,7 +176,7 @@ def read_tile(path: str | Path) -> tuple[Tile, str]:
 
     The header is read and checked first (`alibi.safetensors_header`: only its bytes are read, and
     every malformation is an InputError), then the tensor names and the GEMM's size against the
-    element budget (`alibi.limits`); only then is the file read, once: the digest and the tensors
+    element budget (`alibi.io.limits`); only then is the file read, once: the digest and the tensors
     come from the same bytes, so a manifest pins what was checked.
     """
     path = Path(path)

@@ -37,8 +37,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic
 from alibi.errors import InputError, one_line
+from alibi.io import atomic
 
 UNIT_SCHEMA = "alibi.conform-unit/v2"
 LEDGER_SCHEMA = "alibi.conform-ledger/v1"
@@ -53,7 +53,7 @@ def unit_text(doc: dict[str, Any]) -> str:
 
 
 def _sha256(data: bytes) -> str:
-    from alibi.digests import sha256_bytes
+    from alibi.io.digests import sha256_bytes
 
     return sha256_bytes(data)
 
@@ -101,7 +101,7 @@ class UnitStore:
     def resume(cls, folder: str | os.PathLike, plan: dict[str, Any]) -> tuple[UnitStore, str | None]:
         """The existing folder, if its plan is `plan` (apart from `created_at`); with the first start's
         created_at. InputError naming what differs otherwise."""
-        from alibi import jsonio
+        from alibi.io import jsonio
 
         folder = Path(folder)
         old = jsonio.read(folder / PLAN_FILE)
@@ -135,7 +135,7 @@ class UnitStore:
     def _read_ledger(self, path: Path) -> dict[str, set[str]]:
         """{unit id: digests} a ledger of this plan records (a ledger of another plan, or a damaged one,
         records nothing)."""
-        from alibi import jsonio
+        from alibi.io import jsonio
 
         try:
             doc = jsonio.read(path)
@@ -161,7 +161,7 @@ class UnitStore:
     def read(self, uid: str, tile, regime: str, tile_digest: str, recorded: dict[str, set[str]]):
         """The unit `uid` (tile `tile` under `regime`) and its evidence, after every check of the module
         docstring; InputError naming the file otherwise."""
-        from alibi import jsonio
+        from alibi.io import jsonio
         from alibi.results import UnitResult
 
         path = self.path(uid)

@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alibi import atomic
 from alibi.governance.environment import environment_record
+from alibi.io import atomic
 from alibi.model.prompts import load_prompt_set
 from alibi.model.runner import load_model
 from alibi.replay.setup import resolve_span

@@ -212,7 +212,7 @@ FIXES: tuple[Fix, ...] = (
                   "        open(args.out, 'w').write('{'); atomic.write_text(args.out, ", "a partial file at --out")),
         ("stale stages of killed runs never removed",
          tuple(f"{_KILL3}::{t}" for t in (_PREPARE, _PREDICT, _EVAL)) + (f"tests/test_kill.py::{_CONFORM}",),
-         Mutation("alibi/atomic.py", "    path = Path(path)\n    pattern = re.compile(",
+         Mutation("alibi/io/atomic.py", "    path = Path(path)\n    pattern = re.compile(",
                   "    return []\n    path = Path(path)\n    pattern = re.compile(", "remove_stale_stages does nothing")),
         )),
     # Issue 26 (hardening, third round): each item's tests, run on the code at 2a29ac7, where the hostile
@@ -582,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     result = check(fixes, args.timeout)
     sys.path.insert(0, str(REPO))
-    from alibi import atomic
+    from alibi.io import atomic
 
     atomic.write_text(args.out, result.to_json())
     print(table(result))

@@ -92,7 +92,7 @@ def protocol_at(commit: str, protocol: str) -> dict:
     sha256 of its lock.json, the amendments recorded then and the head of their chain."""
     import json
 
-    from alibi.digests import sha256_bytes
+    from alibi.io.digests import sha256_bytes
 
     lock = _git_show(commit, f"{protocol}/lock.json")
     if lock is None:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from alibi import atomic
 from alibi.governance.environment import environment_record, toolkit_record
+from alibi.io import atomic
 from alibi.model.checkpoint import read_tensors
 
 KERNEL = "torch-cpu"

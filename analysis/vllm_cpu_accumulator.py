@@ -41,7 +41,7 @@ def main() -> int:
         worst = max(worst, int((acc - exact).abs().max()))
         if t.meta["layer"].startswith("model.layers.0."):  # the int16-pair model, checked on layer 0 (it is slow)
             model_holds &= torch.equal(acc, saturating_accumulator(t.a_q, t.w_q))
-    from alibi.digests import sha256_file
+    from alibi.io.digests import sha256_file
 
     doc = {"capture_manifest_sha256": sha256_file(read_manifest(folder).path),
            "tiles": len(tiles), "accumulator_elements_differing": differing, "accumulator_elements": elements,

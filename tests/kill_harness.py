@@ -1,6 +1,6 @@
 """Kill a command at each of its commit points and keep what it left (run as a script by tests/test_kill.py).
 
-alibi makes output visible only through two primitives of `alibi.atomic`: `_commit` (the one
+alibi makes output visible only through two primitives of `alibi.io.atomic`: `_commit` (the one
 `os.replace` that publishes a staged file or a new folder) and `exchange` (the one renameat2 that
 swaps a complete staged folder with an existing one). A process killed at any instant has completed
 some prefix of those calls, so killing it immediately before the 1st, 2nd, … k-th call — and once
@@ -58,8 +58,8 @@ def _snapshot(out: Path, into: Path, keep_stages: bool = False) -> None:
 
 
 def _child(argv: list[str], kill_at: int) -> None:
-    from alibi import atomic
     from alibi.cli import main
+    from alibi.io import atomic
 
     calls = {"n": 0}
 

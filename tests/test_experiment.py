@@ -416,7 +416,7 @@ def test_a_deeply_nested_unit_file_is_reported_as_damaged_on_resume(tmp_path):
 def test_the_report_folder_of_a_run_is_replaced_whole(tmp_path, monkeypatch):
     """Guards: a failure after report.md and junit.xml were written left a half-new report folder;
     now the folder is staged, so the previous one stays exactly as it was."""
-    import alibi.atomic
+    import alibi.io.atomic
 
     exp = load_experiment(_experiment(tmp_path))
     run_experiment(exp)
@@ -424,14 +424,14 @@ def test_the_report_folder_of_a_run_is_replaced_whole(tmp_path, monkeypatch):
     (tmp_path / "out" / "report" / "junit.xml").unlink()  # so a partial rewrite would show
     before = _files(tmp_path / "out" / "report")
 
-    real_write = alibi.atomic.write_text
+    real_write = alibi.io.atomic.write_text
 
     def disk_full_at_report_json(path, text):  # report.json is written last, after report.md and junit.xml
         if Path(path).name == "report.json":
             raise OSError(28, "No space left on device")
         return real_write(path, text)
 
-    monkeypatch.setattr(alibi.atomic, "write_text", disk_full_at_report_json)
+    monkeypatch.setattr(alibi.io.atomic, "write_text", disk_full_at_report_json)
     with pytest.raises(OSError):
         run_experiment(exp, resume=True)
     assert _files(tmp_path / "out" / "report") == before

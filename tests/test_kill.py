@@ -340,7 +340,7 @@ CORPUS = " ".join(f"Line {i}: the quick brown fox {i % 5} jumps over the lazy do
 def tiny_model(tmp_path):
     from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.model.checkpoint import write_checkpoint
     from alibi.model.compressed_tensors import quantize_dense
 

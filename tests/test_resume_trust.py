@@ -61,7 +61,7 @@ def _rewrite(path: Path, change) -> None:
 
 def _record_in_ledger(units: Path, uid_file: str) -> None:
     """Forge the ledger too: add the edited file's digest to a ledger of the run's plan."""
-    from alibi.digests import sha256_bytes
+    from alibi.io.digests import sha256_bytes
 
     ledger = units / "ledger.json"
     doc = json.loads(ledger.read_text())
@@ -175,7 +175,7 @@ def test_verify_units_without_resume_is_refused(tmp_path, capsys):
 def test_a_kill_during_the_clean_up_leaves_nothing_the_next_run_does_not_remove(killed_run, monkeypatch):
     """The units go in one rename to a stage name of the report (then deleted): a kill during the deletion
     leaves a stage the next run removes, never a half-deleted `.report.units` that --resume cannot read."""
-    import alibi.atomic as atomic
+    import alibi.io.atomic as atomic
 
     out, units = killed_run
     real_rmtree = shutil.rmtree

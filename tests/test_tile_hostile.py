@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alibi.errors import InputError
-from alibi.limits import MAX_ELEMENTS_ENV
+from alibi.io.limits import MAX_ELEMENTS_ENV
 from alibi.tile import Tile, load_tile, save_tile, tile_bytes
 
 

@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.errors import InputError
+    from alibi.io import atomic
     from alibi.sweep.analysis import analyze
     from alibi.sweep.output import write_analysis_folder
     from alibi.sweep.records import read_depth_input, read_rows_sweep

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from alibi import atomic
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io import atomic
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.boundary import run_boundary, summary_lines
+    from alibi.io import atomic
 
     if args.out is not None:
         if args.out.is_dir():

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(args: argparse.Namespace):
-    """Progress on stderr (alibi.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
-    from alibi.progress import progress
+    """Progress on stderr (alibi.io.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
+    from alibi.io.progress import progress
 
     return progress(args.command, quiet=args.quiet, unit="stage")
 
@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
 def overhead(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.environment import environment_record
+    from alibi.io import atomic
     from alibi.model.capture import capture_overhead, require_quantized
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model

@@ -8,10 +8,10 @@ import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from alibi import atomic
 from alibi.errors import InputError, KernelRaised, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
-from alibi.limits import check_seed
+from alibi.io import atomic
+from alibi.io.limits import check_seed
 from alibi.report import summary_lines, write_reports
 from alibi.unit_store import discard
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         raise KernelRaised(f"{exc}; {_interrupted(args)}") from None
     # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
     # report (or none), never some of the new files; the finished units go only after that, in one rename
-    # (alibi.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run removes.
+    # (alibi.io.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run removes.
     with atomic.staged_dir(args.out) as stage:
         written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
         inputs = {"tiles": {**source.resource, "name": "tiles"}}

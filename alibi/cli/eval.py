@@ -53,7 +53,7 @@ def _load(args: argparse.Namespace):
     from alibi.model.runner import load_model
 
     if args.out is not None:  # refuse a bad --out before the (slow) model load, not after the work
-        from alibi import atomic
+        from alibi.io import atomic
 
         if args.out.is_dir():
             raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
@@ -77,8 +77,8 @@ def _load(args: argparse.Namespace):
 
 def _emit(args: argparse.Namespace, doc: dict) -> None:
     if args.out:
-        from alibi import atomic
         from alibi.governance.environment import environment_record
+        from alibi.io import atomic
 
         atomic.write_text(args.out, json.dumps({**doc, "environment": environment_record()}, indent=2,
                                                sort_keys=True, ensure_ascii=False) + "\n")

@@ -135,7 +135,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _parsed(p: Path) -> tuple[object, list[str]]:
     """The manifest's JSON and no problem, or None and the one problem that it is not readable JSON."""
-    from alibi import jsonio
+    from alibi.io import jsonio
 
     try:
         return jsonio.read(p), []

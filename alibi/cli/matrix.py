@@ -35,12 +35,12 @@ MATRIX_FOLDER_FILES = frozenset({"matrix.json", "matrix.md", "report.html", "man
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from alibi import atomic
     from alibi.conform import progress_printer, source_from_dir, source_from_preset, validate_regimes
     from alibi.errors import InputError, one_line
     from alibi.governance import build_predicate, treatment_of, write_manifest
     from alibi.html import write_report_html
-    from alibi.limits import check_seed
+    from alibi.io import atomic
+    from alibi.io.limits import check_seed
     from alibi.matrix import run_matrix, to_markdown
     from alibi.synthetic import DEFAULT_PRESET
 

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def prepare(args: argparse.Namespace) -> int:
+    from alibi.io.progress import progress
     from alibi.model.prepare import prepare_model
-    from alibi.progress import progress
 
     p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype,
                       progress=progress("model prepare", quiet=args.quiet, unit="stage"))

@@ -33,11 +33,12 @@ def _list(text: str | None) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.conform import validate_regimes
     from alibi.errors import InputError
     from alibi.exposing import EXPOSING_TILES, exposing_tiles
     from alibi.governance import build_predicate, resource, treatment_of
+    from alibi.io import atomic
+    from alibi.io.progress import progress
     from alibi.kernels import get_kernel
     from alibi.mutants import (
         check_tiles,
@@ -45,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
         run_matrix,
         write_matrix,
     )
-    from alibi.progress import progress
     from alibi.synthetic import synthetic_tiles
     from alibi.tile import load_tile_dir
 

@@ -33,10 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_pair(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.conform import source_from_dir, source_from_preset
     from alibi.errors import InputError
-    from alibi.limits import check_seed
+    from alibi.io import atomic
+    from alibi.io.limits import check_seed
     from alibi.pair_prediction import declared_model, predict_pair
     from alibi.synthetic import DEFAULT_PRESET
 

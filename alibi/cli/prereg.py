@@ -85,9 +85,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.criteria import evaluate_study
+    from alibi.io import atomic
 
     sources = {}
     for item in args.result:

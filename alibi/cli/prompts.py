@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.errors import InputError
+    from alibi.io import atomic
     from alibi.model.prompts import build_prompt_set, file_text, wikipedia_text
 
     if args.wikipedia is not None and (args.sha256 or args.attribution):

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def teacher_forced(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
-    from alibi.progress import progress
+    from alibi.io.progress import progress
 
     pair = args.kernel_a is not None or args.kernel_b is not None
     if pair:
@@ -137,7 +137,7 @@ def _teacher_forced_vllm(args: argparse.Namespace, pair: bool) -> int:
 
 def greedy(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
-    from alibi.progress import progress
+    from alibi.io.progress import progress
     from alibi.replay import greedy as lib
 
     if args.kernel_a is not None or args.kernel_b is not None:
@@ -189,7 +189,7 @@ def _greedy_vllm(args: argparse.Namespace) -> int:
 
 
 def prefill_vs_decode(args: argparse.Namespace) -> int:
-    from alibi.progress import progress
+    from alibi.io.progress import progress
     from alibi.replay.prefill_decode import run_prefill_vs_decode, summary_lines
 
     result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,

@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _html(args: argparse.Namespace) -> int:
-    from alibi import atomic
     from alibi.html import check_output, default_output, render_folder
+    from alibi.io import atomic
 
     if args.out is not None:
         check_output(args.out)  # refuse a bad destination before any work

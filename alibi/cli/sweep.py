@@ -87,14 +87,14 @@ def _count(text: str, option: str) -> int:
 
 
 def _progress(args: argparse.Namespace, what: str, unit: str):
-    """Per-unit progress on stderr (alibi.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
-    from alibi.progress import progress
+    """Per-unit progress on stderr (alibi.io.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
+    from alibi.io.progress import progress
 
     return progress(f"sweep {what}", quiet=args.quiet, unit=unit)
 
 
 def run_depth(args: argparse.Namespace) -> int:
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.sweep.arms import home_device, resolve_pair
     from alibi.sweep.depth import DepthPlan, run_depth_sweep
     from alibi.sweep.output import write_depth_folder
@@ -127,7 +127,7 @@ def run_depth(args: argparse.Namespace) -> int:
 
 
 def run_rows(args: argparse.Namespace) -> int:
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.sweep.arms import home_device, resolve_pair
     from alibi.sweep.output import write_rows_folder
     from alibi.sweep.rows import RowsPlan, run_rows_sweep

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def variations(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
-    from alibi.progress import progress
+    from alibi.io.progress import progress
     from alibi.replay import variations as lib
 
     if args.execution is not None:
@@ -71,7 +71,7 @@ def variations(args: argparse.Namespace) -> int:
 
 
 def locate(args: argparse.Namespace) -> int:
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.replay import locate as lib
 
     result = lib.locate(args.run_a, args.run_b)

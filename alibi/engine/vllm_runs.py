@@ -161,7 +161,7 @@ def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLi
                       tokens: int | None = None, window: int = 0, kernel: str | None = None):
     """Prefill the first `tokens` tokens of window `window` in a vLLM engine with the plugin capturing; write the
     tiles (one per W8A8 Linear call, vLLM's layer names) and a `capture` manifest to `out`, atomically."""
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.model.capture import require_quantized
     from alibi.replay.setup import open_inputs
 
@@ -267,8 +267,8 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
     """One arm's teacher-forced replay inside vLLM into `out` (records.json, engine.log, manifest.json).
 
     kernel: an alibi kernel the plugin swaps in for every W8A8 Linear, or None / `vllm` for vLLM's own."""
-    from alibi import atomic
     from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.io import atomic
     from alibi.replay.records import ArmRecords, write_records
     from alibi.replay.setup import check_output, load_prompts, open_inputs, resolve_span
 
@@ -320,8 +320,8 @@ def greedy_run_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.Pat
     `batch_size` is the number of prompts; `logit_digests` is None (vLLM does not hand out its logit rows)."""
     import time
 
-    from alibi import atomic
     from alibi.governance.manifest import build_predicate, write_manifest
+    from alibi.io import atomic
     from alibi.replay.greedy import RUN_FILE, GreedyRun, resolve_greedy
     from alibi.replay.records import window_sha256
     from alibi.replay.setup import check_output, load_prompts, open_inputs
@@ -368,9 +368,9 @@ def greedy_agreement_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | 
                                windows: int | None = None, runs: int = 2, overwrite: bool = False):
     """Both arms inside vLLM, every run a cold engine start (a-1, b-1, a-2, b-2, …), compared as the own runner's
     `alibi replay greedy` compares them (`alibi.replay.greedy.compare_runs`, greedy.json + manifest.json)."""
-    from alibi import atomic
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.replay.greedy import RESULT_FILE, compare_runs, read_run, resolve_greedy
     from alibi.replay.setup import check_output, combined_predicate, load_prompts
 
@@ -413,8 +413,8 @@ def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    positions: int | None = None, overwrite: bool = False, quiet: bool = False) -> int:
     """Both arms inside vLLM, each its own fresh engine process (`OUT/arm-a`, `OUT/arm-b`), then the flip
     analysis into `OUT/flips`, laid out as the own runner's pair (`alibi.replay.teacher_forced.run_pair`)."""
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.replay.setup import check_output, combined_predicate, load_prompts, note_lines, resolve_span
     from alibi.replay.teacher_forced import PAIR_LAYOUT, analyze_flips_in
 
@@ -443,8 +443,8 @@ def finalize_server_capture(raw_root: str | os.PathLike, out: str | os.PathLike,
     Run it after the server has stopped."""
     import shutil
 
-    from alibi import atomic
     from alibi.governance.manifest import resource
+    from alibi.io import atomic
 
     raw_root = Path(raw_root)
     if not any(raw_root.glob("raw-*/calls.jsonl")):

@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import jsonio, yamlio
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_file
+from alibi.io import jsonio, yamlio
 
 SCHEMA = "alibi-criteria/v1"
 CRITERIA_FILE = "criteria.json"

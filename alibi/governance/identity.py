@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import jsonio
 from alibi.errors import InputError
 from alibi.governance.manifest import (
     TIMESTAMP_FIELD,
@@ -35,6 +34,7 @@ from alibi.governance.manifest import (
     statement_problems,
     verify_files,
 )
+from alibi.io import jsonio
 
 CONTRACT = "alibi-identity/v1"
 # Named treatments: the manifest fields each one allows to differ.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
-from alibi.digests import digest_set, sha256_bytes
+from alibi.io.digests import digest_set, sha256_bytes
 
 SCHEMA = "alibi.kernel-log/1"
 # One identifier between "Selected" and "for": vLLM's other "Selected ..." messages ("Selected

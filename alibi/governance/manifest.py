@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic, jsonio
-from alibi.digests import digest_set, sha256_bytes, sha256_file, sha256_listing
 from alibi.errors import InputError, one_line
 from alibi.governance.kernel_log import KernelLog, require_consistent
+from alibi.io import atomic, jsonio
+from alibi.io.digests import digest_set, sha256_bytes, sha256_file, sha256_listing
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE_PREFIX = "https://integer-alibi.dev/"
@@ -109,7 +109,7 @@ def _utf8(name: str) -> bool:
 
 
 def digest_tree(folder: str | os.PathLike, files: Iterable[str] | None = None) -> str:
-    """One sha256 for a folder: the toolkit's folder digest (`alibi.digests.sha256_listing`).
+    """One sha256 for a folder: the toolkit's folder digest (`alibi.io.digests.sha256_listing`).
 
     The listing is `"<sha256>  <relative path>\\n"` per file, sorted by path, so the digest changes
     when any covered file's bytes, name or presence change, and not otherwise. files: the

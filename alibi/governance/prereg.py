@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import atomic, jsonio
-from alibi.digests import sha256_bytes
 from alibi.errors import InputError, one_line, shown
 from alibi.governance.manifest import folder_files, sha256_file, utc_now
+from alibi.io import atomic, jsonio
+from alibi.io.digests import sha256_bytes
 
 LOCK_NAME = "lock.json"
 LOG_NAME = "amendments.jsonl"
@@ -89,7 +89,7 @@ class ProtocolViolation(InputError):
     """A protocol folder is unlocked, damaged, or was changed without an amendment (exit 2)."""
 
 
-_sha = sha256_bytes  # the toolkit's one byte digest (alibi.digests)
+_sha = sha256_bytes  # the toolkit's one byte digest (alibi.io.digests)
 
 
 def _lock_text(obj: Mapping[str, Any]) -> str:

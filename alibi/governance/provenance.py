@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from alibi.digests import sha256_bytes, sha256_listing
 from alibi.errors import InputError
+from alibi.io.digests import sha256_bytes, sha256_listing
 
 PACKAGE = "alibi"
 

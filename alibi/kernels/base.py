@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from alibi.emulator import EpilogueModel
-from alibi.digests import sha256_file, sha256_listing
 from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, shown
 from alibi.governance.manifest import folder_files
+from alibi.io.digests import sha256_file, sha256_listing
 from alibi.tile import Tile
 
 

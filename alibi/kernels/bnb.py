@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from alibi.digests import sha256_file
 from alibi.emulator import ABSMAX_LEVELS, EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 
 PINNED_VERSION = "0.50.2"

@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from alibi.digests import sha256_file
 from alibi.emulator import EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 
 ENV_ROOT = "ALIBI_FBGEMM_ROOT"

@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 
-from alibi.digests import sha256_file
 from alibi.emulator import TORCHAO_INT8
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 
 PINNED_VERSION = "0.18.0"
@@ -239,7 +239,7 @@ class TorchaoInt8Kernel(Kernel):
 
 
 def _combined(digests: dict[str, str]) -> str | None:
-    from alibi.digests import sha256_listing
+    from alibi.io.digests import sha256_listing
 
     return sha256_listing(sorted(digests.items())) if digests else None
 

@@ -77,9 +77,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alibi.digests import sha256_bytes, sha256_file
 from alibi.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io.digests import sha256_bytes, sha256_file
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import check_operands
 
@@ -144,7 +144,7 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
 def file_sha256(path: Path) -> str:
-    """`alibi.digests.sha256_file`, cached by (path, size, mtime): the op library is 79 MB.
+    """`alibi.io.digests.sha256_file`, cached by (path, size, mtime): the op library is 79 MB.
 
     For describing a file found on disk; what was loaded is `loaded_sha256`, digested at load."""
     st = path.stat()

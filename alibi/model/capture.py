@@ -24,8 +24,8 @@ from typing import Self
 
 import torch
 
+from alibi.io.progress import ProgressCallback
 from alibi.model.runner import LoadedModel, W8A8Linear
-from alibi.progress import ProgressCallback
 from alibi.tile import Tile, tile_bytes
 
 
@@ -149,10 +149,9 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     """Run one prefill of the first `tokens` tokens (default: all) of prompt window `window` and
     write every quantized Linear's operands as tiles, with a `capture` manifest, to `out` (atomically).
 
-    progress: called `(done, CAPTURE_STAGES, label)` after each stage (alibi.progress): verified,
+    progress: called `(done, CAPTURE_STAGES, label)` after each stage (alibi.io.progress): verified,
     loaded, ran the prefill, wrote; the label says what the stage did
     (the progress line or bar adds the time since the start)."""
-    from alibi import atomic
     from alibi.errors import InputError
     from alibi.governance.manifest import (
         build_predicate,
@@ -161,6 +160,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
         treatment_of,
         write_manifest,
     )
+    from alibi.io import atomic
     from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
     from alibi.model.prompts import load_prompt_set, require_tokenizer_match
     from alibi.model.runner import load_model

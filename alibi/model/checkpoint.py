@@ -3,7 +3,7 @@
 A checkpoint folder holds `config.json`, the weights as `model.safetensors` or as shards listed
 in `model.safetensors.index.json`, optional tokenizer files, and (when written by this toolkit)
 `manifest.json`, an alibi manifest pinning every other file. Reading needs only torch and
-safetensors. Writing goes into a folder the caller stages with `alibi.atomic.staged_dir`, so a
+safetensors. Writing goes into a folder the caller stages with `alibi.io.atomic.staged_dir`, so a
 failed write never leaves a half checkpoint at the destination.
 """
 
@@ -20,8 +20,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from alibi import jsonio
 from alibi.errors import InputError, one_line, shown
+from alibi.io import jsonio
 from alibi.model.digests import (
     combined_sha256,
     file_sha256,
@@ -254,7 +254,7 @@ def write_checkpoint(
 ) -> None:
     """Write `config.json`, `model.safetensors` and `extra_files` into the existing `folder`.
 
-    The folder should be a staging folder from `alibi.atomic.staged_dir`. Tensors are written
+    The folder should be a staging folder from `alibi.io.atomic.staged_dir`. Tensors are written
     contiguous, on the CPU, in the dtypes given.
     """
     folder = Path(folder)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from alibi.digests import sha256_bytes, sha256_file
+from alibi.io.digests import sha256_bytes, sha256_file
 
-# File and byte digests are `alibi.digests`' (one implementation for the whole toolkit); a folder's
+# File and byte digests are `alibi.io.digests`' (one implementation for the whole toolkit); a folder's
 # digest is `alibi.governance.manifest.digest_tree`.
 file_sha256 = sha256_file
 bytes_sha256 = sha256_bytes

@@ -42,8 +42,8 @@ from typing import Literal
 import torch
 from safetensors.torch import save_file
 
-from alibi import atomic
 from alibi.errors import InputError
+from alibi.io import atomic
 from alibi.numerics import Pow2Mode, dtype_name, pow2_round
 from alibi.quant import INT8_MAX, INT8_MIN, quantize_weight_per_channel
 

@@ -16,7 +16,6 @@ import json
 import math
 from pathlib import Path
 
-from alibi import atomic
 from alibi.emulator import FP32_EXACT_LIMIT, predict_tile
 from alibi.errors import InputError, one_line
 from alibi.governance.manifest import (
@@ -25,6 +24,7 @@ from alibi.governance.manifest import (
     read_manifest,
     sha256_file,
 )
+from alibi.io import atomic
 from alibi.model.digests import json_sha256
 from alibi.tile import load_tile
 

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 
-from alibi import atomic
 from alibi.governance.manifest import (
     build_predicate,
     digest_set,
     resource,
     write_manifest,
 )
+from alibi.io import atomic
+from alibi.io.progress import ProgressCallback
 from alibi.model.checkpoint import checkpoint_digests, write_checkpoint
 from alibi.model.compressed_tensors import SCALE_DTYPES, quantize_dense
 from alibi.model.gguf_source import (
@@ -35,7 +36,6 @@ from alibi.model.gguf_source import (
 )
 from alibi.model.tokenizer import tokenizer_files_from_gguf
 from alibi.numerics import dtype_name
-from alibi.progress import ProgressCallback
 
 BF16_DIR, W8A8_DIR = "bf16", "w8a8"
 
@@ -66,7 +66,7 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
 
     scale_dtype: the dtype the W8A8 checkpoint stores its weight scales in (`bfloat16` as
     llm-compressor writes them for a bf16 model, or `float32`). progress: called
-    `(done, PREPARE_STAGES, label)` after each stage (alibi.progress): verified, dequantized,
+    `(done, PREPARE_STAGES, label)` after each stage (alibi.io.progress): verified, dequantized,
     quantized, wrote; the label says what the stage did
     (the progress line or bar adds the time since the start).
     """

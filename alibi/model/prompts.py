@@ -36,7 +36,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from alibi import atomic
 from alibi.errors import InputError, one_line
 from alibi.governance.manifest import (
     build_predicate,
@@ -45,6 +44,7 @@ from alibi.governance.manifest import (
     read_manifest,
     write_manifest,
 )
+from alibi.io import atomic
 from alibi.model.checkpoint import tokenizer_digest
 from alibi.model.digests import bytes_sha256, tensors_sha256
 from alibi.model.wikitext import CLEANER_VERSION, articles, corpus_text

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
-from alibi.progress import Progress
+from alibi.io.progress import Progress
 from alibi.replay.records import window_sha256
 
 RUN_SCHEMA = "alibi-greedy-run/v2"
@@ -322,8 +322,8 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    trace: bool = False) -> GreedyRun:
     """One run of one arm into the folder `out` (run.json + manifest.json, atomically; with `trace`
     also trace.pt, every module's output digests for `alibi locate`)."""
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.model.runner import load_model
     from alibi.replay.setup import (
         check_output,
@@ -391,9 +391,9 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
     """Every run of both arms in a fresh process (a-1, b-1, a-2, b-2, … interleaved, so a drift of the
     machine over time cannot pass for a kernel difference), then the comparison. Returns the
     result, or the exit code of the run that failed (nothing is written then)."""
-    from alibi import atomic
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.replay.setup import check_output, combined_predicate, load_prompts
     from alibi.replay.teacher_forced import StepFailed, alibi_command, run_child
 

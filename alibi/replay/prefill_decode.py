@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from alibi.errors import InputError
+from alibi.io.progress import Progress
 from alibi.numerics import bits
-from alibi.progress import Progress
 from alibi.replay.hooks import ModuleTrace
 from alibi.replay.setup import Span
 
@@ -271,8 +271,8 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
                           positions: int | None = None, device: str | None = None, overwrite: bool = False,
                           progress: Progress | None = None, deterministic: bool = True) -> PrefillDecodeResult:
     """Prefill vs decode of one arm into the folder `out` (prefill_decode.json + manifest.json)."""
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.model.runner import load_model
     from alibi.replay.setup import (
         check_output,

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from alibi import atomic
-from alibi.digests import sha256_bytes
 from alibi.errors import InputError
+from alibi.io import atomic
+from alibi.io.digests import sha256_bytes
 
 SCHEMA = "alibi-teacher-forced/v1"
 RECORDS_FILE = "records.json"

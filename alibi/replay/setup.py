@@ -108,7 +108,7 @@ def check_output(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike 
     """Refuse an output folder that is, contains or lies inside an input (`inputs`: flag → path),
     and an existing one unless `overwrite` — and even then only an empty folder or an earlier
     replay output (a folder whose manifest is of kind `replay`), never an arbitrary folder."""
-    from alibi import atomic
+    from alibi.io import atomic
 
     out = Path(out)
     for flag, path in inputs.items():

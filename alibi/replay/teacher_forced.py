@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from alibi.digests import sha256_bytes
 from alibi.errors import InputError
-from alibi.progress import Progress
+from alibi.io.digests import sha256_bytes
+from alibi.io.progress import Progress
 from alibi.replay.records import ArmRecords, TokenRecord, window_sha256, write_records
 from alibi.replay.setup import Span
 
@@ -207,8 +207,8 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     protocol folder the replay is measured under; its lock and head hashes go into the manifest
     (`predicate.protocol`), and an amendment while the replay runs leaves nothing written.
     """
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.model.runner import load_model
     from alibi.replay.setup import (
         check_output,
@@ -286,8 +286,8 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
     the first step that failed (0 when all succeeded). prereg: the locked protocol both arms run
     under (passed to each arm's process); every manifest of the folder records its lock and head.
     """
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.replay.setup import (
         check_output,
         combined_predicate,

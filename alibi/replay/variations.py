@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
-from alibi.progress import Progress
+from alibi.io.progress import Progress
 from alibi.replay.hooks import Divergence, ModuleTrace, first_divergence, row_digests
 
 SCHEMA = "alibi-variations/v1"
@@ -292,8 +292,8 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     """Every variation into the folder `out` (variations.json, report.md, report.html, manifest.json)."""
     import tempfile
 
-    from alibi import atomic
     from alibi.governance.manifest import write_manifest
+    from alibi.io import atomic
     from alibi.model.runner import load_model
     from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate
     from alibi.replay.teacher_forced import run_child

@@ -33,7 +33,6 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
-from alibi import atomic
 from alibi.errors import InputError
 from alibi.governance.identity import (
     IdentityRecord,
@@ -48,8 +47,8 @@ from alibi.governance.manifest import (
     sha256_file,
     write_manifest,
 )
+from alibi.io import atomic
 from alibi.stats.arms import read_arm
-from alibi.stats.steps import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps
 from alibi.stats.join import Joined, join_arms, require_same_keying
 from alibi.stats.margin import (
     OK,
@@ -66,6 +65,7 @@ from alibi.stats.margin import (
     one_class_reason,
     roc_auc,
 )
+from alibi.stats.steps import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps
 
 SCHEMA = "alibi-flips/v1"
 FLIPS_FILE = "flips.json"

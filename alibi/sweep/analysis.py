@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alibi.io.typed import TypedResult
 from alibi.stats.depth import LEVEL, DepthFits, fit_depth
-from alibi.stats.typed import TypedResult
 from alibi.sweep.records import DepthInput, RowsSweep
 
 FITS_SCHEMA = "alibi-depth-fits/v1"

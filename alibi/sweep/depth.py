@@ -17,8 +17,8 @@ from itertools import pairwise
 import torch
 
 from alibi.errors import InputError
-from alibi.limits import check_gemm_size
-from alibi.progress import ProgressCallback
+from alibi.io.limits import check_gemm_size
+from alibi.io.progress import ProgressCallback
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
 from alibi.sweep.compare import check_reference, compare, exact_product, scaled
@@ -126,7 +126,7 @@ def run_depth_sweep(plan: DepthPlan, arms: tuple[Arm, Arm], device: torch.device
                     progress: ProgressCallback | None = None) -> DepthSweep:
     """Run the sweep of a validated `plan` with resolved `arms`; operands and reference on `device`.
 
-    progress: called `(done, total, label)` after each seed (alibi.progress), the label giving the
+    progress: called `(done, total, label)` after each seed (alibi.io.progress), the label giving the
     seed's range of the fraction differing over the K list."""
     arm_a, arm_b = arms
     devices = (device, arm_a.device, arm_b.device)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from alibi import atomic
 from alibi.governance import build_predicate, resource, treatment_of, write_manifest
+from alibi.io import atomic
 from alibi.stats.depth import DepthData
 from alibi.sweep.analysis import FITS_JSON, FITS_MD, DepthAnalysis
 from alibi.sweep.arms import Arm
-from alibi.sweep.summary import fits_markdown
 from alibi.sweep.records import (
     DEPTH_CSV,
     DEPTH_JSON,
@@ -20,6 +19,7 @@ from alibi.sweep.records import (
     DepthSweep,
     RowsSweep,
 )
+from alibi.sweep.summary import fits_markdown
 
 
 def _arms(arms: tuple[Arm, Arm]) -> dict:

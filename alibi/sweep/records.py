@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from alibi.errors import InputError
+from alibi.io.typed import TypedResult
 from alibi.stats.depth import DepthData
 from alibi.stats.rates import BinomialRate, Homogeneity, PoissonTrend, RatioBound
-from alibi.stats.typed import TypedResult
 from alibi.sweep.compare import Comparison
 
 DEPTH_SCHEMA = "alibi-depth-sweep/v1"

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
-from alibi.limits import check_gemm_size
-from alibi.progress import ProgressCallback
+from alibi.io.limits import check_gemm_size
+from alibi.io.progress import ProgressCallback
 from alibi.stats.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
@@ -99,7 +99,7 @@ def run_rows_sweep(plan: RowsPlan, arms: tuple[Arm, Arm], device: torch.device,
                    progress: ProgressCallback | None = None) -> RowsSweep:
     """Run the sweep of a validated `plan` with resolved `arms`; operands on `device`.
 
-    progress: called `(done, total, label)` after each M (alibi.progress), the label giving its rate."""
+    progress: called `(done, total, label)` after each M (alibi.io.progress), the label giving its rate."""
     arm_a, arm_b = arms
     devices = (device, arm_a.device, arm_b.device)
     points = []

@@ -2,7 +2,7 @@
 
 Issue 16: "a kill test at every write of every command leaves either the old state or the complete
 new one". tests/kill_harness.py (the one kill mechanism, see its docstring) kills the command just
-before each call of `alibi.atomic`'s two commit primitives and once after the last: every state a
+before each call of `alibi.io.atomic`'s two commit primitives and once after the last: every state a
 SIGKILL can leave. For each state the output must be the old one byte for byte, or the complete new
 one; and the whole killed state — output *and* the hidden stages beside it, with their dead pids —
 is put back and the command run again, which must remove every stage and leave the new output.
@@ -107,7 +107,7 @@ def test_predict_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new
 def model_and_prompts(tmp_path):
     from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.model.checkpoint import write_checkpoint
     from alibi.model.compressed_tensors import quantize_dense
 

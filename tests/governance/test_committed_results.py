@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from hostile import REPO
 
-from alibi.digests import sha256_file
 from alibi.governance.manifest import read_manifest, verify_files
+from alibi.io.digests import sha256_file
 
 RESULTS = REPO / "analysis" / "results"
 # folder (relative to RESULTS) -> (archive, the folder inside it that holds the folder's missing files,

@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 from model.builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
-from alibi import atomic
 from alibi.cli import main
 from alibi.governance.identity import compare_manifests, treatment_fields
+from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 

@@ -5,7 +5,7 @@ compiler, carrying the C entry points of a CUTLASS library (entry_points.h) so t
 `CutlassLibrary` binds them, and installed in a private cache (`ALIBI_CACHE`) with
 `nvcc.install`, the function a real build ends with, which also pins them in a private config
 folder (`ALIBI_CONFIG`). Digests are recomputed here with hashlib,
-independently of `alibi.digests`. The last two tests use the real cached CUTLASS libraries when
+independently of `alibi.io.digests`. The last two tests use the real cached CUTLASS libraries when
 this machine has them (`~/.cache/alibi/kernels`) and skip otherwise.
 """
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from alibi import atomic
 from alibi.cli import main
 from alibi.emulator import exact_accumulator
 from alibi.governance.manifest import read_manifest, verify_files
+from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 from alibi.model.predictions import verify_predictions, write_predictions

@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 import torch
 
-from alibi import atomic
 from alibi.emulator import EpilogueModel
+from alibi.io import atomic
 from alibi.kernels import register
 from alibi.kernels.cpu import EmulatorKernel, TorchCpuKernel
 from alibi.model.checkpoint import write_checkpoint

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from alibi import atomic
 from alibi.cli import main
 from alibi.errors import InputError
+from alibi.io import atomic
 from alibi.model.checkpoint import read_tensors, write_checkpoint
 from alibi.model.compressed_tensors import parse_w8a8, quantize_dense, read_w8a8
 

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from alibi import atomic
 from alibi.cli import main
+from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 from alibi.synthetic import synthetic_tiles

@@ -26,10 +26,10 @@ from model.builders import (
 )
 from safetensors.torch import load_file, save_file
 
-from alibi import atomic
 from alibi.cli import main
 from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.governance.manifest import digest_tree, read_manifest, verify_files
+from alibi.io import atomic
 from alibi.model.checkpoint import read_tensors
 from alibi.model.compressed_tensors import quantize_dense, read_w8a8, write_w8a8
 from alibi.numerics import bitwise_equal, is_pow2, pow2_round

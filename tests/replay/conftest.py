@@ -47,7 +47,7 @@ def test_kernels():
 def _checkpoint(root: Path, name: str, seed: int, tok: dict[str, bytes]) -> Path:
     from model.builders import TINY_LLAMA, tiny_dense_tensors
 
-    from alibi import atomic
+    from alibi.io import atomic
     from alibi.model.checkpoint import write_checkpoint
     from alibi.model.compressed_tensors import quantize_dense
 

@@ -1,7 +1,7 @@
 """Kills during `alibi replay teacher-forced`, and what the next run of the documented command does (issue 26).
 
 tests/kill_harness.py (the one kill mechanism, see its docstring) kills the command just before each
-call of `alibi.atomic`'s two commit primitives and once after the last: every state a SIGKILL can
+call of `alibi.io.atomic`'s two commit primitives and once after the last: every state a SIGKILL can
 leave. For each state, `--out` must hold the old replay byte for byte (or still be absent) or the
 complete new one: records that read back, a manifest that verifies, the new span, and the lock
 hash of the protocol it ran under. The documented recovery (docs/replay.md) is to run the same

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from alibi.cli import main
-from alibi.digests import sha256_bytes
 from alibi.errors import InputError
 from alibi.governance import prereg
 from alibi.governance.manifest import read_manifest, verify_files
+from alibi.io.digests import sha256_bytes
 
 from .conftest import needs_model_extra
 

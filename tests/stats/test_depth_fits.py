@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
+from alibi.io.typed import from_plain, to_plain
 from alibi.stats.depth import MODELS, DepthData, fit_depth
-from alibi.stats.typed import from_plain, to_plain
 
 KS = tuple(512 * 2**i for i in range(7))  # the paper's grid, 512 … 32768
 CURVES = {

@@ -7,7 +7,7 @@ Every YAML file alibi reads goes through `load`:
   1 kB) expand to 9⁹ ≈ 387 M scalars as soon as anything walks or prints the value — an error
   message quoting it is enough. No alibi file needs an alias, so the composer refuses the first one,
   before anything is expanded (merge keys `<<: *base` are aliases too).
-- Nesting deeper than `alibi.jsonio.MAX_DEPTH` is refused (PyYAML's composer is recursive).
+- Nesting deeper than `alibi.io.jsonio.MAX_DEPTH` is refused (PyYAML's composer is recursive).
 - PyYAML's messages span several lines (problem, context, a caret under the source line); they
   are folded into one line naming the file, line and column.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from alibi.errors import InputError, one_line
-from alibi.jsonio import MAX_DEPTH, depth
+from alibi.io.jsonio import MAX_DEPTH, depth
 
 
 class _NoAliasLoader(yaml.SafeLoader):

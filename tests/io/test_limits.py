@@ -1,4 +1,4 @@
-"""The element budget and the one seed rule (alibi.limits), as every command applies them."""
+"""The element budget and the one seed rule (alibi.io.limits), as every command applies them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hostile import GIB, assert_one_line_error, run_alibi
 
 from alibi.errors import InputError
-from alibi.limits import DEFAULT_MAX_ELEMENTS, MAX_ELEMENTS_ENV, check_gemm_size, check_seed, max_elements
+from alibi.io.limits import DEFAULT_MAX_ELEMENTS, MAX_ELEMENTS_ENV, check_gemm_size, check_seed, max_elements
 from alibi.synthetic import synthetic_tiles
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]

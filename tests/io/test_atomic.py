@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from alibi import atomic
+from alibi.io import atomic
 
 
 def test_a_staged_folder_appears_whole_with_normal_permissions(tmp_path):

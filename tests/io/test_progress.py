@@ -1,4 +1,4 @@
-"""alibi.progress: a bar on a terminal, plain lines elsewhere, nothing when quiet."""
+"""alibi.io.progress: a bar on a terminal, plain lines elsewhere, nothing when quiet."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from alibi.errors import InputError
-from alibi.progress import ENV_VAR, Progress, choose_mode
+from alibi.io.progress import ENV_VAR, Progress, choose_mode
 
 
 class Terminal(io.StringIO):
