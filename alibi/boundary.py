@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bits, bitwise_equal_mask
 from alibi.kernels import Kernel, get_kernel, kernel_names
 from alibi.kernels.base import private_copy
-from alibi.numerics import bits, bitwise_equal_mask
 from alibi.tile import Tile
 
 SCHEMA = "alibi.boundary/v1"

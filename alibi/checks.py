@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import Prediction, int32_wrap
-from alibi.numerics import bitwise_equal_mask, is_pow2, ulp_distance
+from alibi.exact.emulator import Prediction, int32_wrap
+from alibi.exact.numerics import bitwise_equal_mask, is_pow2, ulp_distance
 from alibi.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]

@@ -11,7 +11,7 @@ real regime each arm also runs on row subsets (M-invariance) and a second time (
 
 The check device is the GPU when there is one: the exact accumulator is then one fp64 GEMM
 (cuBLAS DGEMM, exact for these integers and a different path from the int8 kernels under test) and
-the epilogue models run there in IEEE fp32 (`alibi.emulator`); on the CPU they run as before.
+the epilogue models run there in IEEE fp32 (`alibi.exact.emulator`); on the CPU they run as before.
 
 Units are kept, when a units folder is given, one file each, written atomically as they finish,
 with a `plan.json` naming what the run is; `resume=True` continues a killed run from them and gives
@@ -34,12 +34,12 @@ import torch
 
 from alibi import checks
 from alibi.differences import differing_elements
-from alibi.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.errors import InputError, one_line
+from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
+from alibi.exact.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
 from alibi.io import atomic
 from alibi.kernels import Kernel, get_kernel
 from alibi.kernels.base import operands, private_copy
-from alibi.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tile import Tile
 from alibi.token_risk import ReplayEvidence

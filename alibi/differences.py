@@ -85,7 +85,7 @@ def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, cap: int = DIFF
 
     Bitwise, as every check: `+0` and `-0` differ, NaN payloads are compared.
     """
-    from alibi.numerics import bits, bitwise_equal_mask, ulp_distance  # torch: only when computing
+    from alibi.exact.numerics import bits, bitwise_equal_mask, ulp_distance  # torch: only when computing
 
     if out_a.dim() != 2:
         raise ValueError(f"differing_elements: expected [M, N] outputs, got {list(out_a.shape)}")

@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
-from alibi.emulator import (
+from alibi.errors import InputError
+from alibi.exact.emulator import (
     BIAS_MODES,
     ORDERS,
     EpilogueModel,
     apply_epilogue,
     exact_accumulator,
 )
-from alibi.errors import InputError
+from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.kernels import Kernel
-from alibi.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.out_bias_probe import out_bias_probe_tiles
 from alibi.synthetic import synthetic_tiles
 from alibi.tile import Tile

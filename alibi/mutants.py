@@ -29,6 +29,7 @@ import torch
 from alibi.checks import CHECKS
 from alibi.conform import Pair, TileSource, run_conformance, validate_regimes
 from alibi.errors import InputError
+from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
 from alibi.kernels import Kernel
@@ -42,7 +43,6 @@ from alibi.kernels.mutants import (
     fault,
     native_triton_mutant,
 )
-from alibi.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.results import Report
 from alibi.tile import Tile
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from alibi.numerics import round_to
+from alibi.exact.numerics import round_to
 from alibi.tile import Tile
 
 ORDER_CANDIDATES = 512

@@ -64,7 +64,7 @@ class PairPrediction:
 
 def declared_model(name: str):
     """The epilogue model a kernel declares (registry name), or a model named directly (`w_then_a+fma`)."""
-    from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel
+    from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel
     from alibi.kernels import get_kernel, kernel_names
 
     if name in kernel_names():
@@ -84,8 +84,8 @@ def declared_model(name: str):
 def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:
     """Predict, per tile and regime, where the declared models of `a` and `b` differ (no kernel runs)."""
     from alibi.conform import apply_regime, check_device, difference_cause, prepare, validate_regimes
-    from alibi.emulator import apply_epilogue
-    from alibi.numerics import bitwise_equal_mask
+    from alibi.exact.emulator import apply_epilogue
+    from alibi.exact.numerics import bitwise_equal_mask
 
     ma, mb = declared_model(a), declared_model(b)
     regimes = validate_regimes(regimes)

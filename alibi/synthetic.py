@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
-from alibi.io.limits import check_gemm_size, check_seed
-from alibi.quant import (
+from alibi.exact.quant import (
     quantize_per_token,
     quantize_weight_per_channel,
     weight_scale_per_channel,
 )
+from alibi.io.limits import check_gemm_size, check_seed
 from alibi.tile import Tile
 
 # (layer kind, K, N) of one decoder block: q, k, v, o, gate, up, down.

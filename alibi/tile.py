@@ -32,10 +32,10 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from alibi.errors import InputError, one_line, shown
+from alibi.exact.numerics import FLOAT_DTYPES, dtype_name
 from alibi.io import atomic
 from alibi.io.digests import sha256_bytes
 from alibi.io.limits import check_gemm_size
-from alibi.numerics import FLOAT_DTYPES, dtype_name
 from alibi.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}

@@ -209,7 +209,7 @@ def _is_int(x: Any) -> bool:
 
 def unit_impossible(unit, tile, regime: str) -> str | None:
     """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds)."""
-    from alibi.numerics import dtype_name
+    from alibi.exact.numerics import dtype_name
     from alibi.verdict import CHECKS
 
     for name in _INT_FIELDS:

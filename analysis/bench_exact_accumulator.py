@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from alibi.emulator import exact_accumulator
+from alibi.exact.emulator import exact_accumulator
 from alibi.io import atomic
 
 SHAPES = [(512, 576, 576), (512, 576, 1536), (512, 1536, 576), (512, 2048, 2048), (256, 6144, 2048)]

@@ -150,11 +150,11 @@ FIXES: tuple[Fix, ...] = (
     # that compared a function with itself. Each is held against a mutation of HEAD's code instead.
     Fix("7278b43", "check 2's 16384 int32 bound", before="HEAD",
         only=("test_check_2_uses_the_16384_bound_exactly_when_both_operands_contain_minus_128",),
-        mutations=(Mutation("alibi/emulator.py", "return 128 * 128 if (a_min and w_min) else 128 * 127",
+        mutations=(Mutation("alibi/exact/emulator.py", "return 128 * 128 if (a_min and w_min) else 128 * 127",
                             "return 128 * 127", "the bound ignores −128 in both operands"),)),
     Fix("7278b43", "check 3 at max|acc| exactly 2^24", before="HEAD",
         only=("test_check_3_passes_at_max_acc_exactly_2_to_the_24_and_fires_one_above",),
-        mutations=(Mutation("alibi/emulator.py", "lossless = max_abs <= FP32_EXACT_LIMIT",
+        mutations=(Mutation("alibi/exact/emulator.py", "lossless = max_abs <= FP32_EXACT_LIMIT",
                             "lossless = max_abs < FP32_EXACT_LIMIT", "2^24 itself counted as lossy"),)),
     Fix("7278b43", "pow2 identity excludes overflowing results", before="HEAD",
         only=("test_pow2_identity_excludes_overflowing_results_where_the_orders_really_differ",),

@@ -16,7 +16,7 @@ import torch
 
 
 def main() -> int:
-    from alibi.emulator import exact_accumulator
+    from alibi.exact.emulator import exact_accumulator
     from alibi.governance.environment import environment_record
     from alibi.governance.manifest import read_manifest, verify_files
     from alibi.kernels import get_kernel

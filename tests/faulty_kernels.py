@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bits
 from alibi.kernels.base import Kernel
-from alibi.numerics import bits
 
 
 class Reference(Kernel):

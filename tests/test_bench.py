@@ -52,7 +52,7 @@ def test_the_int_mm_baseline_pads_once_before_timing_and_still_gives_the_exact_a
     import torch
 
     from alibi.bench import prepare_int_mm
-    from alibi.emulator import exact_accumulator
+    from alibi.exact.emulator import exact_accumulator
 
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, (3, 37), dtype=torch.int8, generator=g)  # M ≤ 16, K and N not multiples of 8

@@ -19,8 +19,8 @@ from alibi.boundary import (
     target_operands,
 )
 from alibi.cli import main
-from alibi.emulator import exact_accumulator
-from alibi.numerics import bits
+from alibi.exact.emulator import exact_accumulator
+from alibi.exact.numerics import bits
 
 
 def facts(report: BoundaryReport, kernel: str) -> dict[str, bool]:

@@ -29,10 +29,10 @@ from alibi.conform import (
     run_conformance,
     source_from_tiles,
 )
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
+from alibi.exact.numerics import bits, ulp_distance
 from alibi.kernels import get_kernel
 from alibi.kernels.base import Kernel
-from alibi.numerics import bits, ulp_distance
 from alibi.report import why_sentence
 from alibi.tile import Tile
 
@@ -254,7 +254,7 @@ def test_check_2_uses_the_16384_bound_exactly_when_both_operands_contain_minus_1
     """16384·131071 < 2³¹ ≤ 16384·131072: all −128 operands at K = 131072 really wrap an int32
     (to −2³¹), so check 2 must fire there and pass one K earlier; with −128 in one operand only the
     bound is 16256 and K = 131072 is safe."""
-    from alibi.emulator import int32_wrap
+    from alibi.exact.emulator import int32_wrap
 
     K = 131072
     a = torch.full((1, K), -128, dtype=torch.int8)
@@ -331,7 +331,7 @@ class OneElementOff(Reference):
     name = "one-element-off"
 
     def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
-        from alibi.numerics import bits
+        from alibi.exact.numerics import bits
 
         out = super().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
         b = bits(out).clone()
@@ -392,7 +392,7 @@ def test_predicted_differences_fires_on_an_element_where_an_arm_leaves_its_decla
 def test_predicted_differences_fires_when_a_predicted_difference_does_not_happen(tile):
     """The converse finding: arm a declares a_then_w but gives w_then_a's bits at one element where the two
     orders differ; against a w_then_a arm that element was predicted to differ and does not."""
-    from alibi.emulator import run_model
+    from alibi.exact.emulator import run_model
 
     wa, aw = run_model(EpilogueModel("w_then_a"), tile), run_model(EpilogueModel("a_then_w"), tile)
     r, c = (wa != aw).nonzero()[0].tolist()
@@ -456,7 +456,7 @@ def test_torch_cpu_against_a_then_w_on_the_biased_smollm2_preset_is_explained_un
         assert u.cause == "bias mode", (u.tile, u.regime)
         t = tiles[u.tile]
         if u.regime == "pow2":
-            from alibi.numerics import pow2_round
+            from alibi.exact.numerics import pow2_round
 
             t = t.replace(s_w=pow2_round(t.s_w, "nearest"))
         assert u.differences.count == len(u.differences.elements) == u.n_differing
@@ -474,8 +474,8 @@ def test_real_scale_tolerance_does_not_hold_elements_below_the_near_zero_floor_t
     the floor 2^-8·max|exact| (bf16's 8 significand bits), and there they are up to a dozen ulps apart —
     cancellation, not the kernels. The old check fired on those ulps; it now passes (0 ulp above the
     floor) and the unit reports them as near-zero differences."""
-    from alibi.emulator import run_model
-    from alibi.numerics import ulp_distance
+    from alibi.exact.emulator import run_model
+    from alibi.exact.numerics import ulp_distance
 
     t = _probe_bias_tile()
     a, b = EpilogueModel("w_then_a", "fma"), EpilogueModel("w_then_a", "add_before_cast")

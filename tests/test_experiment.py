@@ -154,7 +154,7 @@ _RUNNER = """
 import os, sys, time
 from pathlib import Path
 from alibi.cli import main
-from alibi.emulator import EpilogueModel
+from alibi.exact.emulator import EpilogueModel
 from alibi.kernels import register
 from alibi.kernels.cpu import EmulatorKernel
 
@@ -293,7 +293,7 @@ def _dirty_tree(monkeypatch, clean):
     import alibi.experiment
     from alibi.governance.environment import WorkingTree
 
-    changed = ("alibi/emulator.py",) if clean is False else ()
+    changed = ("alibi/exact/emulator.py",) if clean is False else ()
     monkeypatch.setattr(alibi.experiment, "working_tree", lambda: WorkingTree(clean, changed, "a" * 40))
 
 
@@ -303,7 +303,7 @@ def test_a_pre_registered_run_refuses_code_that_differs_from_head(tmp_path, monk
     prereg.init(folder)
     prereg.lock(folder)
     _dirty_tree(monkeypatch, False)
-    with pytest.raises(ProtocolViolation, match=r"needs committed code.*aaaaaaaaaaaa \(alibi/emulator.py\).*"
+    with pytest.raises(ProtocolViolation, match=r"needs committed code.*aaaaaaaaaaaa \(alibi/exact/emulator.py\).*"
                                                  "--allow-dirty"):
         run_experiment(load_experiment(_experiment(tmp_path, prereg=str(folder))))
     assert not (tmp_path / "out").exists()
@@ -315,7 +315,7 @@ def test_allow_dirty_runs_and_is_recorded_in_the_run_record_and_the_manifest(tmp
     prereg.lock(folder)
     _dirty_tree(monkeypatch, False)
     run_experiment(load_experiment(_experiment(tmp_path, prereg=str(folder))), allow_dirty=True)
-    want = {"clean": False, "changed": ["alibi/emulator.py"], "head": "a" * 40, "allow_dirty": True}
+    want = {"clean": False, "changed": ["alibi/exact/emulator.py"], "head": "a" * 40, "allow_dirty": True}
     assert json.loads((tmp_path / "out" / "run.json").read_text())["working_tree"] == want
     assert read_manifest(tmp_path / "out").predicate["parameters"]["working_tree"] == want
 

@@ -3,7 +3,7 @@ from itertools import product
 import pytest
 
 from alibi.cli import main
-from alibi.emulator import BIAS_MODES, ORDERS
+from alibi.exact.emulator import BIAS_MODES, ORDERS
 from alibi.identify import identify
 from alibi.kernels import get_kernel
 from alibi.synthetic import synthetic_tiles
@@ -46,8 +46,8 @@ class _OutputDtypeBiasOnly:
 
     @staticmethod
     def make(model: str):
+        from alibi.exact.emulator import EpilogueModel
         from alibi.kernels.cpu import EmulatorKernel
-        from alibi.emulator import EpilogueModel
 
         class OutputDtypeBias(EmulatorKernel):
             bias_in_output_dtype = True

@@ -201,8 +201,8 @@ def test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_unin
 def test_pow2_rewrite_overwrite_killed_at_any_write_leaves_the_old_checkpoint_or_the_new_one(tmp_path):
     from model.builders import tiny_dense_tensors, write_llm_compressor_style
 
+    from alibi.exact.numerics import is_pow2
     from alibi.model.compressed_tensors import read_w8a8
-    from alibi.numerics import is_pow2
 
     src, old, out = tmp_path / "w8a8", tmp_path / "old-pow2", tmp_path / "pow2"
     write_llm_compressor_style(src, tiny_dense_tensors(seed=2), shards=2)

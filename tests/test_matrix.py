@@ -15,7 +15,7 @@ from faulty_kernels import Nondeterministic, OneUlpUp, Reference
 
 from alibi.cli import main
 from alibi.conform import Pair, run_conformance, source_from_tiles
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.io.digests import sha256_file
 from alibi.kernels import _EXTRA, get_kernel, register
 from alibi.matrix import SCHEMA, SCHEMA_FILE, Matrix, run_matrix, to_markdown

@@ -11,8 +11,8 @@ from faulty_kernels import divergent_tile
 
 from alibi.cli import main
 from alibi.differences import DIFFERENCE_CAP
-from alibi.emulator import EpilogueModel, run_model
-from alibi.numerics import bits, bitwise_equal_mask
+from alibi.exact.emulator import EpilogueModel, run_model
+from alibi.exact.numerics import bits, bitwise_equal_mask
 from alibi.report import read_report, to_markdown, why_sentence
 from alibi.results import Report
 from alibi.tile import save_tile

@@ -30,7 +30,7 @@ REPORT_FILES = ("report.json", "report.md", "junit.xml", "report.html")
 PLUGIN = textwrap.dedent('''
     import os
     import torch
-    from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+    from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
     from alibi.errors import InputError, KernelUnavailable
     from alibi.kernels.base import Kernel
 

@@ -24,8 +24,8 @@ def test_interchangeable_kernels_return_the_report_for_further_assertions():
 
 def _differing_by_models(preset: str, seed: int) -> list[int]:
     """Per tile, the elements where w_then_a+fma and a_then_w+fma disagree, computed without the pipeline."""
-    from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
-    from alibi.numerics import bitwise_equal_mask
+    from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+    from alibi.exact.numerics import bitwise_equal_mask
     from alibi.synthetic import synthetic_tiles
 
     counts = []

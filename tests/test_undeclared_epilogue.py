@@ -11,7 +11,7 @@ from faulty_kernels import Reference, divergent_tile
 
 from alibi import checks
 from alibi.cli import main
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.kernels import register
 
 
@@ -59,7 +59,7 @@ def test_the_report_of_an_undeclared_kernel_makes_no_claim_about_its_model(tmp_p
 
 
 def _arms(tile, deviate_b: bool):
-    from alibi.emulator import EpilogueModel, run_model
+    from alibi.exact.emulator import EpilogueModel, run_model
 
     out = run_model(EpilogueModel("a_then_w"), tile)
     got_b = out.clone()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from alibi.emulator import ORDERS, EpilogueModel
 from alibi.errors import InputError, one_line
+from alibi.exact.emulator import ORDERS, EpilogueModel
 from alibi.kernel_catalog import BUILTIN, did_you_mean, plugin_entry_points
 from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel
 from alibi.kernels.mutants import parse_mutant

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, shown
+from alibi.exact.emulator import EpilogueModel
 from alibi.governance.manifest import folder_files
 from alibi.io.digests import sha256_file, sha256_listing
 from alibi.tile import Tile
@@ -88,7 +88,7 @@ class Kernel:
         its build (a compiled library it loaded, a wheel's sources) overrides this with that digest.
         """
         modules = {c.__module__ for c in type(self).__mro__ if c.__module__ != "builtins"}
-        modules |= {"alibi.emulator", "alibi.numerics"}
+        modules |= {"alibi.exact.emulator", "alibi.exact.numerics"}
         files: dict[str, Path] = {}
         for name in sorted(modules):
             source = _source_file(sys.modules.get(name) or importlib.import_module(name))

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import ABSMAX_LEVELS, EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import ABSMAX_LEVELS, EpilogueModel
 from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 

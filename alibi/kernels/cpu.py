@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
 
 

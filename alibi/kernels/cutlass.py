@@ -43,8 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alibi.emulator import VLLM_CUTLASS
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import VLLM_CUTLASS
 from alibi.kernels import nvcc
 from alibi.kernels.base import Kernel
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import EpilogueModel
 from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 

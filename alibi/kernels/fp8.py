@@ -43,8 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel
 from alibi.kernels import nvcc
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import (

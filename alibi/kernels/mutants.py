@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
+from alibi.exact.numerics import is_subnormal, round_to
 from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel, operands, private_copy
-from alibi.numerics import is_subnormal, round_to
 from alibi.tile import Tile
 
 MASK_SEED = 0            # seeds every severity selection: the same shape always gets the same elements
@@ -116,7 +116,7 @@ def _scales(s_a: torch.Tensor, s_w: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def epilogue_parts(order: str, accf: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(first, last): the value after the first scale multiplication and the scale applied last,
-    as `alibi.emulator.apply_epilogue` splits every order (each product rounded to fp32)."""
+    as `alibi.exact.emulator.apply_epilogue` splits every order (each product rounded to fp32)."""
     sa, sw = _scales(s_a, s_w)
     if order == "w_then_a":
         return accf * sw, sa

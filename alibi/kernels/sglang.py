@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import VLLM_CUTLASS
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import VLLM_CUTLASS
 from alibi.kernels.base import Kernel
 
 WHEELS = {"sglang-kernel": "0.4.10 (requires torch==2.14.1, CUDA 13)", "sgl-kernel": "0.3.21 (built for CUDA 12)"}

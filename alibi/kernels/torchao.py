@@ -11,7 +11,7 @@ These run TorchAO's own code, not a re-implementation: the linear of an `Int8Ten
     y   = RN32(y + float(bias))                    y += bias, in fp32
     out = out(y)                                   y.to(output_dtype)
 
-i.e. `a_then_w+add_before_cast+round_between` (alibi.emulator.TORCHAO_INT8): an intermediate rounding
+i.e. `a_then_w+add_before_cast+round_between` (alibi.exact.emulator.TORCHAO_INT8): an intermediate rounding
 to the output dtype between the two scales, which neither vLLM kernel has.
 
 Handing TorchAO exactly alibi's operands (the adapter). TorchAO's linear quantizes a high-precision
@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import TORCHAO_INT8
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import TORCHAO_INT8
 from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 

@@ -8,7 +8,7 @@ What it computes, for int8 `A [M,K]`, int8 `W [N,K]`, fp32 scales `s_a [M]` (or 
     c   = out(y)                                    round to nearest even
     c   = out(RN32(float(c) + float(bias[n])))      with a bias: added *after* the cast, as vLLM does
 
-which is `alibi.emulator.apply_epilogue(VLLM_TRITON, acc, ...)` = `a_then_w + add_after_cast`. The
+which is `alibi.exact.emulator.apply_epilogue(VLLM_TRITON, acc, ...)` = `a_then_w + add_after_cast`. The
 int32 accumulator is exact (science.md §2.1: integer addition is associative and the int8 MMA
 accumulates without rounding), so the block sizes, which depend on M as in vLLM, cannot change a
 single output bit; only the per-element epilogue could, and it has no M-dependent arithmetic. The
@@ -94,8 +94,8 @@ except ImportError as exc:  # no wheel for this platform: the module still impor
     triton = SimpleNamespace(jit=lambda fn: fn, __version__=None)  # kernels below are then never launched
     tl = SimpleNamespace(constexpr=object)
 
-from alibi.emulator import VLLM_TRITON, EpilogueModel
 from alibi.errors import InputError
+from alibi.exact.emulator import VLLM_TRITON, EpilogueModel
 from alibi.kernels.base import Kernel
 
 # --- block sizes --------------------------------------------------------------------------------

@@ -77,8 +77,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alibi.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
 from alibi.io.digests import sha256_bytes, sha256_file
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import check_operands

@@ -10,7 +10,7 @@ runs every W8A8 Linear through one of two ops, chosen per layer when the weights
   only where AMX tiles exist. It is not registered here as an alibi kernel: no CPU this toolkit was
   tested on has AMX, so it never ran here (docs/vllm-engine.md).
 - oneDNN, everywhere else: `ops.onednn_scaled_int8_quant(x)` (dynamic per-token quantization, the
-  engine's own: `alibi.quant.quantize_per_token_vllm_cpu`), then `ops.onednn_scaled_mm(handler, x_q,
+  engine's own: `alibi.exact.quant.quantize_per_token_vllm_cpu`), then `ops.onednn_scaled_mm(handler, x_q,
   out, x_s, None, azp_adj, bias)` with a handler made once per layer by
   `ops.create_onednn_scaled_mm(w_q.t(), s_w [N,1], out dtype, dynamic_quant=True, use_azp=False, 32)`.
   `vllm-cpu-onednn` makes the handler and calls the GEMM exactly so, handing it the tile's `a_q` and
@@ -50,8 +50,8 @@ from typing import Any
 
 import torch
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import EpilogueModel
 from alibi.kernels.base import Kernel
 
 PINNED_VERSION = "0.32.0"

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from alibi.errors import InputError, shown
+from alibi.exact.numerics import dtype_name
+from alibi.exact.quant import quantize_weight_per_channel
 from alibi.model.checkpoint import CONFIG_FILE, read_config, read_tensors
-from alibi.numerics import dtype_name
-from alibi.quant import quantize_weight_per_channel
 
 FORMAT = "int-quantized"
 QUANT_METHOD = "compressed-tensors"

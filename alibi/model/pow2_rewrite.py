@@ -4,7 +4,7 @@ Why: if every weight scale is a power of two, `(acc·s_a)·s_w`, `(acc·s_w)·s_
 round to the same fp32 for normal results (science.md §2.3), so the two vLLM int8 epilogue orders
 (CUTLASS: weight scale first; Triton: activation scale first) return the same bits. The rewrite
 replaces each `<module>.weight_scale` by `2^k` with `k = round(log2 s)`, `ceil` or `floor`
-(`alibi.numerics.pow2_round`, computed exactly from the float's exponent), under one of two
+(`alibi.exact.numerics.pow2_round`, computed exactly from the float's exponent), under one of two
 weight policies:
 
 - `keep-weights` changes only the scales (the paper's probe). Channel n's effective weights
@@ -43,9 +43,9 @@ import torch
 from safetensors.torch import save_file
 
 from alibi.errors import InputError
+from alibi.exact.numerics import Pow2Mode, dtype_name, pow2_round
+from alibi.exact.quant import INT8_MAX, INT8_MIN, quantize_weight_per_channel
 from alibi.io import atomic
-from alibi.numerics import Pow2Mode, dtype_name, pow2_round
-from alibi.quant import INT8_MAX, INT8_MIN, quantize_weight_per_channel
 
 WeightPolicy = Literal["keep-weights", "requantize"]
 MODES: tuple[str, ...] = ("nearest", "ceil", "floor")
@@ -327,10 +327,10 @@ def check_written(stage: Path, modules: list[str], expected: Mapping[str, torch.
     (compared by tensor digest). Returns the tensors read back (the manifest's digests are
     computed from them, not from memory). InputError — nothing is renamed into place — otherwise.
     """
+    from alibi.exact.numerics import is_pow2
     from alibi.model.checkpoint import read_config, read_tensors
     from alibi.model.compressed_tensors import parse_w8a8
     from alibi.model.digests import tensors_sha256
-    from alibi.numerics import is_pow2
 
     tensors = read_tensors(stage)
     ckpt = parse_w8a8(read_config(stage), tensors, str(stage))

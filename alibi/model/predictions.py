@@ -1,6 +1,6 @@
 """The per-layer prediction list of a capture: computed from the tiles alone, pinned by a digest.
 
-For every tile the exact emulator (`alibi.emulator.predict_tile`) gives max|acc|, the headroom
+For every tile the exact emulator (`alibi.exact.emulator.predict_tile`) gives max|acc|, the headroom
 below 2²⁴ and whether the layer is predicted bitwise-safe — which means that its accumulator
 enters fp32 exactly (int32 cannot overflow and every |acc| ≤ 2²⁴), not that two kernels give
 the same bits: their epilogues may still round differently unless the weight scales are powers
@@ -16,8 +16,8 @@ import json
 import math
 from pathlib import Path
 
-from alibi.emulator import FP32_EXACT_LIMIT, predict_tile
 from alibi.errors import InputError, one_line
+from alibi.exact.emulator import FP32_EXACT_LIMIT, predict_tile
 from alibi.governance.manifest import (
     MANIFEST_NAME,
     digest_tree,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from alibi.exact.numerics import dtype_name
 from alibi.governance.manifest import (
     build_predicate,
     digest_set,
@@ -35,7 +36,6 @@ from alibi.model.gguf_source import (
     open_source,
 )
 from alibi.model.tokenizer import tokenizer_files_from_gguf
-from alibi.numerics import dtype_name
 
 BF16_DIR, W8A8_DIR = "bf16", "w8a8"
 

@@ -5,7 +5,7 @@
 compressed-tensors W8A8 checkpoint every quantized Linear becomes a `W8A8Linear`, whose forward is
 exactly what vLLM does for this scheme:
 
-    a_q, s_a = quantize_per_token(x)              # dynamic symmetric per-token int8 (alibi.quant)
+    a_q, s_a = quantize_per_token(x)              # dynamic symmetric per-token int8 (alibi.exact.quant)
     y = kernel.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype=bf16)
 
 so the kernel is the only thing two arms differ in. A dense checkpoint loads unchanged (no kernel).
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.quant import quantize_per_token
 from alibi.kernels import Kernel, get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
 from alibi.model.execution import ExecutionMode, apply_execution_mode
-from alibi.quant import quantize_per_token
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
 MODEL_DTYPE = torch.bfloat16

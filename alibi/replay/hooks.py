@@ -40,7 +40,7 @@ from typing import Self
 
 import torch
 
-from alibi.numerics import bits
+from alibi.exact.numerics import bits
 
 ATTENTION_SUFFIXES = ("q_rope", "k_rope", "attention")
 _DIGEST_SEED = 0x5EED

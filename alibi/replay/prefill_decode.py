@@ -19,7 +19,7 @@ differed, even if that position's own q/k/v rows agree; the per-module counts sh
 Rows 0 … T−1 are compared too (the decode regime's T-token prefill against the full prefill:
 `context_rows_differ`), since the cached keys and values of those positions feed every decode step.
 
-Bitwise means bit patterns (`alibi.numerics.bits`): +0 and −0 differ, NaN payloads count.
+Bitwise means bit patterns (`alibi.exact.numerics.bits`): +0 and −0 differ, NaN payloads count.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.numerics import bits
 from alibi.io.progress import Progress
-from alibi.numerics import bits
 from alibi.replay.hooks import ModuleTrace
 from alibi.replay.setup import Span
 

@@ -7,7 +7,7 @@ registry does not carry:
 fp32 (exact: two 4-bit significands give at most 8 significant bits, and the exponents of e4m3
 products, 2⁻¹⁸…2¹⁸, lie inside fp32's normal range) and added into one fp32 accumulator per output
 in the order k = 0, 1, …, K−1, each addition rounding once to nearest even; then the named epilogue
-model (`alibi.emulator.apply_epilogue`) on that fp32 accumulator. It is the simplest fully specified
+model (`alibi.exact.emulator.apply_epilogue`) on that fp32 accumulator. It is the simplest fully specified
 fp32 summation order — an emulated fp8 GEMM for CPU tests, not a model of any GPU's order. (An FMA
 would give the same bits: the product is exact, so `fma(a, w, acc) = RN(a·w + acc)`.)
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel, apply_epilogue
 from alibi.kernels import Kernel, get_kernel
 from alibi.sweep.operands import Operands
 

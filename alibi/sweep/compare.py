@@ -4,7 +4,7 @@ Reference. `Y_ref = (A·Wᵀ) · s_a · s_w` in float64, where the GEMM is exact
 
 * int8: every partial sum is an integer of magnitude ≤ 16384·K < 2⁵³, so a float64 GEMM is exact in
   any order (on CUDA: torch's float64 matmul). On the CPU the toolkit's exact accumulator
-  (`alibi.emulator.exact_accumulator`, chunked fp32, exact by construction) is used instead; it is
+  (`alibi.exact.emulator.exact_accumulator`, chunked fp32, exact by construction) is used instead; it is
   faster there and gives the same integers.
 * fp8 e4m3: products are multiples of 2⁻¹⁸ below 2¹⁸, so for K ≤ 65536 every partial sum lies on a
   2⁻¹⁸ grid below 2³⁴ and float64 (52 fraction bits) holds it exactly, in any order.
@@ -14,7 +14,7 @@ bf16 output's 2⁻⁹. On CUDA the reference of the first operands is cross-chec
 exact computation on two rows (`check_reference`), so a GPU path that is not exact stops the sweep.
 
 Measurements (`Comparison`). Bitwise comparison of the two outputs (signed zeros differ, NaN
-payloads compared: `alibi.numerics`); elements whose reference is *near zero*, `|Y_ref| <
+payloads compared: `alibi.exact.numerics`); elements whose reference is *near zero*, `|Y_ref| <
 near_zero_rel · rms(Y_ref)`, are counted apart, because there a rounding of the accumulator that is
 tiny against the tile's scale is large against the element and relative differences and ulp
 distances say nothing about the kernels; everything "far" from zero is measured in relative terms
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from alibi.emulator import exact_accumulator
 from alibi.errors import InputError
-from alibi.numerics import bitwise_equal_mask, ulp_distance
+from alibi.exact.emulator import exact_accumulator
+from alibi.exact.numerics import bitwise_equal_mask, ulp_distance
 from alibi.sweep.operands import Operands
 
 CHECK_ROWS = 2
@@ -43,7 +43,7 @@ def exact_product(ops: Operands, device: torch.device) -> tuple[torch.Tensor, st
         return a.to(torch.float64) @ w.to(torch.float64).T, "cuda: torch float64 matmul (exact, see alibi.sweep.compare)"
     if ops.a_q.dtype == torch.int8:
         return (exact_accumulator(ops.a_q, ops.w_q).to(torch.float64),
-                "cpu: alibi.emulator.exact_accumulator (exact int64) in float64")
+                "cpu: alibi.exact.emulator.exact_accumulator (exact int64) in float64")
     return (ops.a_q.cpu().to(torch.float64) @ ops.w_q.cpu().to(torch.float64).T,
             "cpu: torch float64 matmul (exact, see alibi.sweep.compare)")
 

@@ -3,7 +3,7 @@
 * INT8 (`format="int8"`): `alibi.synthetic`'s own generator — heavy-tailed (Student-t, 4 degrees of
   freedom) activations with ~1% outlier channels and a shared direction with the weights — then
   vLLM's dynamic per-token quantization of the activations and compressed-tensors' per-channel
-  quantization of the weights with the scale stored in bf16 (`alibi.quant`), exactly the steps of
+  quantization of the weights with the scale stored in bf16 (`alibi.exact.quant`), exactly the steps of
   `alibi.synthetic.synthetic_tiles`; the scales are real (not powers of two).
   `quantize_per_token` never produces −128 (`|x·127/amax| ≤ 127`), so every product is bounded by
   127·128 = 16256 and no int32 accumulator can wrap for K ≤ `INT8_K_LIMIT` = 132,104.
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from alibi.emulator import INT32_LIMIT
-from alibi.quant import (
+from alibi.exact.emulator import INT32_LIMIT
+from alibi.exact.quant import (
     quantize_per_token,
     quantize_weight_per_channel,
     weight_scale_per_channel,

@@ -16,8 +16,8 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from alibi.exact.numerics import bits
 from alibi.model.invariant import attention, causal_allowed
-from alibi.numerics import bits
 
 B, HQ, HKV, D, L = 64, 9, 3, 64, 192
 g = torch.Generator(device="cuda").manual_seed(0)

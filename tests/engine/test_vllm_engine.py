@@ -93,8 +93,8 @@ def test_the_captured_activations_lie_on_the_grid_of_vllms_cpu_quantization(capt
     """Dequantized and quantized again by vLLM's CPU convention, each captured row gives back its own a_q bit for
     bit: what was recorded is what that op hands the GEMM (the own runner's activations are compared with
     vLLM's in analysis/results/cpu/vllm-engine/crosscheck.json)."""
+    from alibi.exact.quant import quantize_per_token_vllm_cpu
     from alibi.kernels.vllm_cpu import onednn_arithmetic
-    from alibi.quant import quantize_per_token_vllm_cpu
     from alibi.tile import load_tile_dir
 
     zero_row_q = onednn_arithmetic().zero_row_q

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +68,7 @@ def test_cublas_all_minus_128_operands_at_k_32768_accumulate_exactly(kernel):
 
 @pytest.mark.parametrize("preset", ["epilogue-probe", "epilogue-probe-bias"])
 def test_cublas_matches_its_declared_model_and_no_other_on_the_epilogue_probe(kernel, preset):
-    from alibi.emulator import BIAS_MODES, ORDERS
+    from alibi.exact.emulator import BIAS_MODES, ORDERS
     from alibi.synthetic import synthetic_tiles
 
     tile = synthetic_tiles(preset)[0]

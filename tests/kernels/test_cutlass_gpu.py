@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 
 pytestmark = pytest.mark.gpu
 
@@ -183,7 +183,7 @@ def test_cutlass_rejects_non_int8_operands():
 
 
 def _models_matching(out, acc, tile):
-    from alibi.emulator import BIAS_MODES, ORDERS
+    from alibi.exact.emulator import BIAS_MODES, ORDERS
 
     modes = BIAS_MODES if tile.bias is not None else ("fma",)
     return [m.name for m in (EpilogueModel(o, b) for o in ORDERS for b in modes)

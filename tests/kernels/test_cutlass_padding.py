@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.emulator import exact_accumulator
+from alibi.exact.emulator import exact_accumulator
 from alibi.kernels.cublas import int_mm_padded
 from alibi.kernels.cutlass import K_MULTIPLE, N_MULTIPLE, pad_operands, scale_vector
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue
+from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue
 
 pytestmark = pytest.mark.gpu
 

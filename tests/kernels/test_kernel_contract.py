@@ -38,13 +38,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bits, is_subnormal
 from alibi.exposing import exposing_tile
 from alibi.kernels import Kernel, get_kernel, kernel_names
 from alibi.kernels.base import private_copy
 from alibi.kernels.mutants import FAULTS, round_toward_zero
-from alibi.numerics import bits, is_subnormal
 from alibi.tile import Tile
 
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from alibi.conform import Pair, check_device, evaluate_unit, prepare, run_conformance, source_from_tiles
-from alibi.emulator import (
+from alibi.errors import InputError
+from alibi.exact.emulator import (
     BIAS_MODES,
     ORDERS,
     EpilogueModel,
@@ -21,7 +22,13 @@ from alibi.emulator import (
     exact_accumulator,
     int32_wrap,
 )
-from alibi.errors import InputError
+from alibi.exact.numerics import (
+    bits,
+    bitwise_equal,
+    bitwise_equal_mask,
+    is_subnormal,
+    max_ulp_distance,
+)
 from alibi.exposing import (
     EXPOSING_TILES,
     exposing_tile,
@@ -40,13 +47,6 @@ from alibi.kernels.mutants import (
     saturating_pair_accumulator,
 )
 from alibi.kernels.triton_int8 import TruncatingTritonKernel
-from alibi.numerics import (
-    bits,
-    bitwise_equal,
-    bitwise_equal_mask,
-    is_subnormal,
-    max_ulp_distance,
-)
 from alibi.tile import Tile
 
 ISSUE_NAMES = ["scale-bf16", "double-round", "reassociate", "truncate-cast", "scale-in-reduction", "int32-wrap",

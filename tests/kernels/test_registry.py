@@ -15,7 +15,7 @@ from alibi.errors import KernelUnavailable
 
 PLUGIN = textwrap.dedent('''
     import torch
-    from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+    from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
     from alibi.kernels.base import Kernel
 
     class PluginKernel(Kernel):

@@ -7,11 +7,11 @@ import torch
 
 pytest.importorskip("torchao", reason="the torchao extra is not installed (pip install 'integer-alibi[torchao]')")
 
-from alibi.emulator import TORCHAO_INT8, EpilogueModel, run_model  # noqa: E402
 from alibi.errors import InputError  # noqa: E402
+from alibi.exact.emulator import TORCHAO_INT8, EpilogueModel, run_model  # noqa: E402
+from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.identify import identify  # noqa: E402
 from alibi.kernels import get_kernel  # noqa: E402
-from alibi.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.synthetic import synthetic_tiles  # noqa: E402
 
 

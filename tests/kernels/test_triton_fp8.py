@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
-from alibi.emulator import VLLM_TRITON, apply_epilogue
 from alibi.errors import InputError
+from alibi.exact.emulator import VLLM_TRITON, apply_epilogue
+from alibi.exact.numerics import bits, bitwise_equal
 from alibi.kernels import get_kernel
 from alibi.kernels.triton_int8 import interpreted
-from alibi.numerics import bits, bitwise_equal
 from alibi.tile import Tile
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from alibi.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bits, bitwise_equal, max_ulp_distance, ulp_distance
 from alibi.kernels import get_kernel
 from alibi.kernels.triton_int8 import (
     block_config,
@@ -27,7 +28,6 @@ from alibi.kernels.triton_int8 import (
     output_bits_to_fp32,
     round_to_output_bits,
 )
-from alibi.numerics import bits, bitwise_equal, max_ulp_distance, ulp_distance
 from alibi.tile import Tile
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
@@ -107,7 +107,7 @@ def test_kernel_works_under_the_interpreter_even_when_triton_was_imported_before
     the kernel uses none of it, so it must still run (and give the model's bits)."""
     code = """if True:
         import triton, torch
-        from alibi.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
+        from alibi.exact.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
         from alibi.kernels import get_kernel
         a = torch.randint(-128, 128, (3, 40), dtype=torch.int8); w = torch.randint(-128, 128, (5, 40), dtype=torch.int8)
         s_a, s_w = torch.rand(3) + 0.5, torch.rand(5) * 1e-3

@@ -17,11 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from alibi.emulator import VLLM_TRITON, EpilogueModel, exact_accumulator, fma_f32, run_model
+from alibi.exact.emulator import VLLM_TRITON, EpilogueModel, exact_accumulator, fma_f32, run_model
+from alibi.exact.numerics import bits, bitwise_equal
 from alibi.identify import identify
 from alibi.kernels import get_kernel, kernel_names
 from alibi.kernels.triton_int8 import fused_multiply_add_f32, interpreted, launch
-from alibi.numerics import bits, bitwise_equal
 from alibi.synthetic import synthetic_tiles
 
 W_THEN_A_FMA = EpilogueModel("w_then_a", "fma")

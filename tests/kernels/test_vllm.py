@@ -20,19 +20,19 @@ import torch
 
 import alibi.kernels.triton_int8  # noqa: F401 - sets TRITON_INTERPRET before triton is imported (no CUDA)
 from alibi.cli import main
-from alibi.emulator import (
+from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.emulator import (
     BIAS_MODES,
     ORDERS,
     EpilogueModel,
     apply_epilogue,
     exact_accumulator,
 )
-from alibi.errors import InputError, KernelUnavailable
+from alibi.exact.numerics import bitwise_equal_mask
 from alibi.identify import identify
 from alibi.kernels import get_kernel
 from alibi.kernels import vllm as V
 from alibi.kernels.base import Kernel
-from alibi.numerics import bitwise_equal_mask
 from alibi.out_bias_probe import as_e4m3, out_bias_probe_tiles
 from alibi.synthetic import synthetic_tiles
 

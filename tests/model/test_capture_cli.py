@@ -8,7 +8,7 @@ import json
 import pytest
 
 from alibi.cli import main
-from alibi.emulator import exact_accumulator
+from alibi.exact.emulator import exact_accumulator
 from alibi.governance.manifest import read_manifest, verify_files
 from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint

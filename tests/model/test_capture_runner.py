@@ -7,14 +7,14 @@ import importlib.util
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel
+from alibi.exact.emulator import EpilogueModel
+from alibi.exact.quant import quantize_per_token, quantize_weight_per_channel
 from alibi.io import atomic
 from alibi.kernels import register
 from alibi.kernels.cpu import EmulatorKernel, TorchCpuKernel
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 from alibi.model.runner import W8A8Linear
-from alibi.quant import quantize_per_token, quantize_weight_per_channel
 
 from .builders import TINY_LLAMA, tiny_dense_tensors
 

@@ -63,7 +63,7 @@ def test_shards_in_a_subfolder_are_inside_the_folder_and_are_rewritten(sharded, 
     out = tmp_path / "pow2"
     proc = run_alibi(["pow2-rewrite", str(sharded), str(out), "--mode", "ceil", "--keep-weights"])
     assert proc.returncode == 0, proc.stderr
-    from alibi.numerics import is_pow2
+    from alibi.exact.numerics import is_pow2
 
     ckpt = read_w8a8(out)
     assert len(ckpt.linears) == 14 and all(bool(is_pow2(lin.scale).all()) for lin in ckpt.linears.values())

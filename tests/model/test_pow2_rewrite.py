@@ -2,7 +2,7 @@
 
 Checkpoints are built by hand (tests/model/builders.py) in two layouts: llm-compressor's (sharded,
 with an index) and alibi's own writer (one file). Expected values are computed here with plain
-torch, not through alibi.quant.
+torch, not through alibi.exact.quant.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from model.builders import (
 from safetensors.torch import load_file, save_file
 
 from alibi.cli import main
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bitwise_equal, is_pow2, pow2_round
 from alibi.governance.manifest import digest_tree, read_manifest, verify_files
 from alibi.io import atomic
 from alibi.model.checkpoint import read_tensors
 from alibi.model.compressed_tensors import quantize_dense, read_w8a8, write_w8a8
-from alibi.numerics import bitwise_equal, is_pow2, pow2_round
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("nearest", "ceil", "floor")

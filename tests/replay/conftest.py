@@ -9,7 +9,7 @@ import pytest
 import torch
 from faulty_kernels import Reference
 
-from alibi.numerics import bits
+from alibi.exact.numerics import bits
 
 needs_model_extra = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("tokenizers") is None,

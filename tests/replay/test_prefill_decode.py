@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from alibi.exact.numerics import bits
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.numerics import bits
 from alibi.replay.prefill_decode import PrefillDecodeResult, module_kind, rows_differ
 
 from .conftest import UlpUpAtDecode, needs_model_extra

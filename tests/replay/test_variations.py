@@ -17,8 +17,8 @@ import pytest
 import torch
 from replay.conftest import UlpUpAtDecode, needs_model_extra
 
+from alibi.exact.numerics import bits
 from alibi.model.invariant import attention, causal_allowed, exp_nonpositive, tree_sum
-from alibi.numerics import bits
 
 KERNEL = "emulator:a_then_w"  # exact accumulator, elementwise epilogue: M-invariant by construction
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel
 from alibi.errors import InputError
+from alibi.exact.emulator import EpilogueModel
 from alibi.sweep.arms import (
     SequentialFp8Kernel,
     home_device,

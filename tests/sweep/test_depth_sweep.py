@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
-from alibi.numerics import bitwise_equal_mask
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bitwise_equal_mask
 from alibi.sweep.arms import resolve_pair
 from alibi.sweep.depth import DepthPlan, operand_schedule, run_depth_sweep
 
@@ -67,7 +67,7 @@ def test_each_int8_arm_is_within_bf16_rounding_of_the_exact_reference(order_swee
     for r in sweep.records:
         for worst, mean in ((r.err_a_max_rel, r.err_a_mean_rel), (r.err_b_max_rel, r.err_b_mean_rel)):
             assert 0 < mean < worst <= bound
-    assert sweep.reference.startswith("cpu: alibi.emulator.exact_accumulator")
+    assert sweep.reference.startswith("cpu: alibi.exact.emulator.exact_accumulator")
     assert sweep.reference_check.startswith("not needed")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.numerics import bitwise_equal_mask
+from alibi.exact.numerics import bitwise_equal_mask
 from alibi.sweep.arms import resolve_pair
 from alibi.sweep.compare import exact_product, scaled
 from alibi.sweep.depth import DepthPlan, operand_schedule, run_depth_sweep

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from alibi.numerics import bits, is_pow2
+from alibi.exact.numerics import bits, is_pow2
 from alibi.sweep.depth import DepthPlan, operand_schedule
 from alibi.sweep.operands import (
     INT8_K_LIMIT,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from alibi.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.errors import InputError
-from alibi.numerics import bitwise_equal_mask
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.numerics import bitwise_equal_mask
 from alibi.sweep.arms import resolve_pair
 from alibi.sweep.operands import OperandSpec, draw
 from alibi.sweep.rows import RowsPlan, run_rows_sweep

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alibi.errors import InputError
-from alibi.numerics import (
+from alibi.exact.numerics import (
     bits,
     bitwise_equal,
     bitwise_equal_mask,

@@ -14,8 +14,8 @@ import itertools
 import pytest
 import torch
 
-from alibi.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator, fma_f32
-from alibi.numerics import bits
+from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator, fma_f32
+from alibi.exact.numerics import bits
 from alibi.out_bias_probe import out_bias_probe_tiles
 from alibi.synthetic import synthetic_tiles
 

@@ -8,7 +8,7 @@ from exact_reference import BF16, FP16, FP32, round_nearest_even
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from alibi.emulator import (
+from alibi.exact.emulator import (
     EpilogueModel,
     apply_epilogue,
     exact_accumulator,
@@ -17,7 +17,7 @@ from alibi.emulator import (
     predict,
     product_bound,
 )
-from alibi.numerics import bitwise_equal, is_pow2
+from alibi.exact.numerics import bitwise_equal, is_pow2
 
 FORMATS = {torch.bfloat16: BF16, torch.float16: FP16, torch.float32: FP32}
 int8s = st.integers(-128, 127)

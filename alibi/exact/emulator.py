@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from alibi.errors import InputError
-from alibi.numerics import round_to
-from alibi.tile import Tile
+from alibi.exact.numerics import round_to
+
+if TYPE_CHECKING:  # annotations only: tiles/ sits above exact/ (tests/test_layers.py)
+    from alibi.tile import Tile
 
 Order = Literal["w_then_a", "a_then_w", "product_first"]
 BiasMode = Literal["fma", "add_before_cast", "add_after_cast"]
@@ -154,7 +156,7 @@ def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     neighbour of ±FLT_MAX is ±2¹²⁸, so `s = ±(2¹²⁸ − 2¹⁰³)` is a halfway case too: the fp64 cast
     rounds it to ±inf, and a residual towards zero makes the answer ±FLT_MAX. (fp64 overflow of `s`
     cannot happen for fp32 operands.) Only IEEE fp64 +, −, × and the fp64→fp32 cast are used, so the
-    result is the same on the CPU and on a GPU (tests/test_emulator_device.py holds them equal).
+    result is the same on the CPU and on a GPU (tests/exact/test_emulator_device.py holds them equal).
     """
     x, y, z = torch.broadcast_tensors(x.to(torch.float32), y.to(torch.float32), z.to(torch.float32))
     p = x.to(torch.float64) * y.to(torch.float64)
