@@ -47,7 +47,7 @@ from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulato
 from alibi.exact.numerics import bits, bitwise_equal_mask
 from alibi.kernels import Kernel, get_kernel, kernel_names
 from alibi.kernels.base import private_copy
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.boundary/v1"
 TWO24 = 2**24

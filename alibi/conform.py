@@ -41,7 +41,7 @@ from alibi.io import atomic
 from alibi.kernels import Kernel, get_kernel
 from alibi.kernels.base import operands, private_copy
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 from alibi.token_risk import ReplayEvidence
 from alibi.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 
@@ -126,7 +126,7 @@ class TileSource:
 def tiles_sha256(tiles: Iterable[Tile]) -> str:
     """One digest over an ordered list of tiles: the listing of each tile's serialized bytes by name."""
     from alibi.io.digests import sha256_bytes, sha256_listing
-    from alibi.tile import tile_bytes
+    from alibi.tiles.tile import tile_bytes
 
     return sha256_listing((t.name, sha256_bytes(tile_bytes(t))) for t in tiles)
 
@@ -136,7 +136,7 @@ def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
     before anything runs, so the folder digest pins the bytes that were checked."""
     from alibi.governance.manifest import digest_set, folder_files
     from alibi.io.digests import sha256_file, sha256_listing
-    from alibi.tile import read_tile_dir
+    from alibi.tiles.tile import read_tile_dir
 
     folder = Path(folder)
     read = read_tile_dir(folder)
@@ -149,7 +149,7 @@ def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
 def source_from_preset(preset: str, seed: int = 0, rows: int | None = None) -> TileSource:
     """The tiles a synthetic preset draws for `seed` (`rows` overrides its M)."""
     from alibi.governance.manifest import digest_set
-    from alibi.synthetic import synthetic_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
 
     tiles = tuple(synthetic_tiles(preset, seed=seed, M=rows))
     record = {"label": f"synthetic preset {preset} (seed {seed})", "kind": "synthetic", "preset": preset,

@@ -23,9 +23,9 @@ from alibi.exact.emulator import (
 )
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.kernels import Kernel
-from alibi.out_bias_probe import out_bias_probe_tiles
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import Tile
+from alibi.tiles.out_bias_probe import out_bias_probe_tiles
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import Tile
 
 DEFAULT_PRESET = "epilogue-probe-bias"
 
@@ -51,7 +51,7 @@ def probe_tiles(kernel: Kernel, seed: int = 0) -> tuple[list[Tile], str]:
 
     `DEFAULT_PRESET` (an fp32 bias that tells the bias modes apart best) for a kernel that takes any
     bias; for one that takes its bias only in the output dtype (`Kernel.bias_in_output_dtype`), the
-    order probe and the output-dtype bias probe of `alibi.out_bias_probe`, which tell the same models
+    order probe and the output-dtype bias probe of `alibi.tiles.out_bias_probe`, which tell the same models
     apart with a bias that kernel accepts.
     """
     if kernel.bias_in_output_dtype:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from alibi.conform import TileSource
     from alibi.kernels import Kernel
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.matrix/v1"
 SCHEMA_FILE = "docs/schemas/alibi.matrix.v1.schema.json"

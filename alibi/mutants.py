@@ -44,7 +44,7 @@ from alibi.kernels.mutants import (
     native_triton_mutant,
 )
 from alibi.results import Report
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.mutants/v1"
 PAPER_SEVEN = ("shared-operands", "int32-no-overflow", "lossless-fp32-entry", "exact-accumulator",

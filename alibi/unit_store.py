@@ -59,8 +59,8 @@ def _sha256(data: bytes) -> str:
 
 
 def tile_sha256(tile) -> str:
-    """The sha256 of a tile's canonical safetensors bytes (`alibi.tile.tile_bytes`)."""
-    from alibi.tile import tile_bytes
+    """The sha256 of a tile's canonical safetensors bytes (`alibi.tiles.tile.tile_bytes`)."""
+    from alibi.tiles.tile import tile_bytes
 
     return _sha256(tile_bytes(tile))
 

@@ -46,9 +46,9 @@ MADE_BY = "analysis/remake_cpu_results.py"
 BNB_TILES = """
 import sys, torch; from pathlib import Path
 from alibi.kernels.bnb import with_exact_statistics
-from alibi.out_bias_probe import out_bias_probe_tiles
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.out_bias_probe import out_bias_probe_tiles
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 root = Path(sys.argv[1]); root.mkdir(parents=True, exist_ok=True)
 tiles = [with_exact_statistics(t) for t in synthetic_tiles("epilogue-probe-bias")]
 tiles += [with_exact_statistics(t) for dt in (torch.bfloat16, torch.float16) for t in out_bias_probe_tiles(dt, seed=0)]
@@ -58,8 +58,8 @@ for t in tiles: save_tile(t, root / f"{t.name}.safetensors")
 MATRIX_TILES = """
 import sys, torch; from pathlib import Path
 from alibi.kernels.bnb import with_exact_statistics
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 root = Path(sys.argv[1]); root.mkdir(parents=True, exist_ok=True)
 tiles = [with_exact_statistics(t) for t in synthetic_tiles("smollm2-135m-bias", seed=0, M=16)]
 tiles = [t.replace(name=f"bf16-{t.name}") for t in tiles] + [

@@ -21,7 +21,7 @@ def main() -> int:
     from alibi.governance.manifest import read_manifest, verify_files
     from alibi.kernels import get_kernel
     from alibi.kernels.vllm_cpu import cpu_isa, saturating_accumulator
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     folder, out = sys.argv[1], sys.argv[2]
     problems = verify_files(folder)

@@ -28,7 +28,7 @@ FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_at
 
 
 def by_layer(folder: Path) -> dict:
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     return {t.meta["layer"]: t for t in load_tile_dir(folder)}
 

@@ -98,7 +98,7 @@ def divergent_tile(M: int = 32, N: int = 8, K: int = 64, seed: int = 0):
     Real-scale differences are rare (parts per million), so scales are searched: many candidate
     scale vectors are tried at once and the one with the most differing outputs is kept.
     """
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
     g = torch.Generator().manual_seed(seed)
     a_q = torch.randint(-127, 128, (M, K), generator=g, dtype=torch.int8)

@@ -34,7 +34,7 @@ from alibi.exact.numerics import bits, ulp_distance
 from alibi.kernels import get_kernel
 from alibi.kernels.base import Kernel
 from alibi.report import why_sentence
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 
 def unit(kernel_a, kernel_b, tile, regime="real", **kw):
@@ -244,7 +244,7 @@ def test_a_pair_with_no_declared_model_is_inconclusive_not_pass():
 # --- issue 16: branches no test reached ----------------------------------------------------------
 
 def _tile(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor | None = None, s_w: torch.Tensor | None = None):
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
     return Tile("edge", a, torch.ones(a.shape[0]) if s_a is None else s_a, w,
                 torch.ones(w.shape[0]) if s_w is None else s_w).validate()
@@ -342,7 +342,7 @@ class OneElementOff(Reference):
 def _probe_bias_tile():
     """The `epilogue-probe-bias` tile: fp32 scales searched so the orders disagree often, and an fp32 bias
     that cancels one row per column (values near zero), so the bias modes tell apart."""
-    from alibi.synthetic import synthetic_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
 
     (t,) = synthetic_tiles("epilogue-probe-bias", seed=0)
     assert t.bias is not None
@@ -505,7 +505,7 @@ def test_real_scale_tolerance_does_not_hold_elements_below_the_near_zero_floor_t
 
 def _all_zero_tile():
     """A tile whose every accumulator (and so every exact value) is 0: a zero activation block."""
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
     return Tile("zeros", torch.zeros((4, 8), dtype=torch.int8), torch.ones(4), torch.ones((3, 8), dtype=torch.int8),
                 torch.ones(3)).validate()

@@ -16,7 +16,7 @@ from alibi.cli import main
 from alibi.errors import InputError
 from alibi.kernels import register
 from alibi.kernels.base import Kernel
-from alibi.tile import save_tile
+from alibi.tiles.tile import save_tile
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]
 
@@ -312,7 +312,7 @@ def test_a_flip_threshold_without_replay_or_out_of_range_exits_2(tmp_path, capsy
 
 
 def _fp8_tiles(folder: Path) -> Path:
-    from alibi.tile import Tile, save_tile
+    from alibi.tiles.tile import Tile, save_tile
 
     folder.mkdir()
     a = torch.ones((4, 16), dtype=torch.float32).to(torch.float8_e4m3fn)

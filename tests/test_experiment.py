@@ -27,8 +27,8 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.governance.prereg import ProtocolViolation
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 REPO = Path(__file__).resolve().parent.parent
 PAIR = {"a": "emulator:w_then_a", "b": "emulator:a_then_w"}

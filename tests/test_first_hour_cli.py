@@ -60,7 +60,7 @@ def test_alibi_help_and_version_and_every_command_help_start_without_torch():
 
 
 def test_conform_help_names_only_presets_that_exist():
-    from alibi.synthetic import DEFAULT_PRESET, PRESETS
+    from alibi.tiles.synthetic import DEFAULT_PRESET, PRESETS
 
     conform = next(a for a in build_parser()._actions if a.dest == "command").choices["conform"]
     synthetic = next(a for a in conform._actions if a.dest == "synthetic")

@@ -6,7 +6,7 @@ from alibi.cli import main
 from alibi.exact.emulator import BIAS_MODES, ORDERS
 from alibi.identify import identify
 from alibi.kernels import get_kernel
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 
 @pytest.fixture(scope="module")

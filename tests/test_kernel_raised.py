@@ -12,7 +12,7 @@ from faulty_kernels import Reference
 from alibi.cli import main
 from alibi.errors import KernelRaised, WorkerFailed
 from alibi.kernels import register
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 
 class RaisesOnOneTile(Reference):

@@ -229,8 +229,8 @@ def test_pow2_rewrite_overwrite_killed_at_any_write_leaves_the_old_checkpoint_or
 
 @pytest.fixture
 def tiles(tmp_path):
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import save_tile
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import save_tile
 
     folder = tmp_path / "tiles"
     folder.mkdir()
@@ -356,7 +356,7 @@ def tiny_model(tmp_path):
 @needs_model_extra
 def test_prompts_build_and_capture_killed_at_any_write_leave_nothing_or_the_complete_folder(tiny_model):
     from alibi.model.prompts import load_prompt_set
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     tmp_path = tiny_model
     prompts = tmp_path / "set"

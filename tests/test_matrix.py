@@ -19,7 +19,7 @@ from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulato
 from alibi.io.digests import sha256_file
 from alibi.kernels import _EXTRA, get_kernel, register
 from alibi.matrix import SCHEMA, SCHEMA_FILE, Matrix, run_matrix, to_markdown
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED_SHA256 = "2aad37780e50685cb45a825f5fb009e367ce40ec9930235aa9d67d4e6c208a8c"

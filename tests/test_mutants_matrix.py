@@ -8,10 +8,10 @@ from faulty_kernels import OneUlpUp
 
 from alibi.checks import CHECKS
 from alibi.cli import main
-from alibi.exposing import exposing_tile, fp32_partials_tile
 from alibi.kernels import get_kernel, register
 from alibi.mutants import SCHEMA, DetectionMatrix, heatmap, run_matrix, to_markdown
-from alibi.tile import save_tile
+from alibi.tiles.exposing import exposing_tile, fp32_partials_tile
+from alibi.tiles.tile import save_tile
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +187,8 @@ def test_tiles_of_a_format_the_base_does_not_handle_are_refused(tmp_path, capsys
 def test_mutants_refuses_an_out_folder_inside_its_tiles_and_changes_nothing(tmp_path, capsys):
     """issue 16: every command refuses an output that overlaps an input."""
     from alibi.cli import main
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import save_tile
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import save_tile
 
     tiles = tmp_path / "tiles"
     save_tile(synthetic_tiles("tiny")[0], tiles / "t.safetensors")

@@ -205,7 +205,7 @@ def test_every_command_of_the_model_block_succeeds_and_gpu_lines_fail_cleanly_wi
 def test_the_model_block_outputs_verify_and_the_pair_conforms(walkthrough):
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import verify_files
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     work, _ = walkthrough
     assert verify_files(work / "model" / "bf16") == [] and verify_files(work / "model" / "w8a8") == []

@@ -15,7 +15,7 @@ from alibi.exact.emulator import EpilogueModel, run_model
 from alibi.exact.numerics import bits, bitwise_equal_mask
 from alibi.report import read_report, to_markdown, why_sentence
 from alibi.results import Report
-from alibi.tile import save_tile
+from alibi.tiles.tile import save_tile
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]
 

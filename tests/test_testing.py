@@ -26,7 +26,7 @@ def _differing_by_models(preset: str, seed: int) -> list[int]:
     """Per tile, the elements where w_then_a+fma and a_then_w+fma disagree, computed without the pipeline."""
     from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
     from alibi.exact.numerics import bitwise_equal_mask
-    from alibi.synthetic import synthetic_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
 
     counts = []
     for t in synthetic_tiles(preset, seed=seed):
@@ -65,8 +65,8 @@ def test_strict_mode_also_fails_on_required_checks_that_could_not_be_applied():
 
 
 def test_tiles_may_be_given_as_a_folder_or_in_code(tmp_path):
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import save_tile
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import save_tile
 
     tiles = synthetic_tiles("tiny", seed=4)
     before = [t.a_q.clone() for t in tiles]
@@ -84,7 +84,7 @@ def test_tiles_may_be_given_as_a_folder_or_in_code(tmp_path):
 
 def test_an_unknown_preset_name_lists_the_presets_and_the_closest_one(tmp_path, monkeypatch):
     from alibi.errors import InputError
-    from alibi.synthetic import PRESETS
+    from alibi.tiles.synthetic import PRESETS
 
     monkeypatch.chdir(tmp_path)  # no folder called qwen3 here
     with pytest.raises(InputError) as exc:

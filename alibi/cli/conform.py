@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `alibi --help` must not import torch.
     from alibi.conform import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
     from alibi.html import write_conform_html
-    from alibi.synthetic import DEFAULT_PRESET
+    from alibi.tiles.synthetic import DEFAULT_PRESET
     from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
@@ -177,7 +177,7 @@ def _units_and_report(args, pair, source, regimes, units, resume, replay, parame
         # (resume=True), so the report is the one this command writes without sharding. The devices go into
         # the manifest's parameters only: report.json and the plan do not depend on them.
         from alibi.shard import SourceSpec, parse_devices, run_sharded
-        from alibi.synthetic import DEFAULT_PRESET
+        from alibi.tiles.synthetic import DEFAULT_PRESET
 
         if replay is not None:
             replay.require_pair(pair.a.name, pair.b.name)  # refused before the shards work, not after

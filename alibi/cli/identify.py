@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
     from alibi.identify import identify, probe_tiles
     from alibi.kernels import get_kernel
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import load_tile_dir
 
     kernel = get_kernel(args.kernel)
     kernel.require_available()

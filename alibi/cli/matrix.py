@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from alibi.io import atomic
     from alibi.io.limits import check_seed
     from alibi.matrix import run_matrix, to_markdown
-    from alibi.synthetic import DEFAULT_PRESET
+    from alibi.tiles.synthetic import DEFAULT_PRESET
 
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     if len(names) < 2:

@@ -35,7 +35,6 @@ def _list(text: str | None) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     from alibi.conform import validate_regimes
     from alibi.errors import InputError
-    from alibi.exposing import EXPOSING_TILES, exposing_tiles
     from alibi.governance import build_predicate, resource, treatment_of
     from alibi.io import atomic
     from alibi.io.progress import progress
@@ -46,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         run_matrix,
         write_matrix,
     )
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.exposing import EXPOSING_TILES, exposing_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import load_tile_dir
 
     regimes = validate_regimes(_list(args.scales) or [])
     faults, severities = _list(args.faults), _list(args.severity) or []

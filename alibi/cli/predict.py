@@ -38,7 +38,7 @@ def run_pair(args: argparse.Namespace) -> int:
     from alibi.io import atomic
     from alibi.io.limits import check_seed
     from alibi.pair_prediction import declared_model, predict_pair
-    from alibi.synthetic import DEFAULT_PRESET
+    from alibi.tiles.synthetic import DEFAULT_PRESET
 
     check_seed(args.seed, "--seed")
     declared_model(args.kernel_a), declared_model(args.kernel_b)  # refuse a bad name before reading tiles

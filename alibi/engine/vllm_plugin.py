@@ -207,7 +207,7 @@ def _record(state: _State, kept: dict, a_q, s_a, bias, out_dtype, quantized_by: 
     import torch
 
     from alibi.model.capture import tile_file_name
-    from alibi.tile import Tile, tile_bytes
+    from alibi.tiles.tile import Tile, tile_bytes
 
     with state.lock:
         layer = kept["name"]

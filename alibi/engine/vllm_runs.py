@@ -196,7 +196,7 @@ def write_capture(stage: Path, raw_root: Path, log: str, inputs: dict[str, Any],
     from alibi.engine import vllm_plugin
     from alibi.governance.manifest import build_predicate, write_manifest
     from alibi.model.capture import write_tiles
-    from alibi.tile import load_tile
+    from alibi.tiles.tile import load_tile
 
     raw_dirs = tuple(sorted(raw_root.glob("raw-*")))
     (stage / ENGINE_LOG).write_text(log, encoding="utf-8")

@@ -29,7 +29,7 @@ from alibi.errors import InputError
 from alibi.exact.numerics import round_to
 
 if TYPE_CHECKING:  # annotations only: tiles/ sits above exact/ (tests/test_layers.py)
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
 Order = Literal["w_then_a", "a_then_w", "product_first"]
 BiasMode = Literal["fma", "add_before_cast", "add_after_cast"]

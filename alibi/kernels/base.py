@@ -23,7 +23,7 @@ from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, 
 from alibi.exact.emulator import EpilogueModel
 from alibi.governance.manifest import folder_files
 from alibi.io.digests import sha256_file, sha256_listing
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
 from alibi.exact.numerics import is_subnormal, round_to
 from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel, operands, private_copy
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 MASK_SEED = 0            # seeds every severity selection: the same shape always gets the same elements
 RESEED_SEED = 1          # the "other seed" the reseeded activations are drawn from
@@ -399,7 +399,7 @@ class Fault:
       the module docstring); paper: the published class it corresponds to (F1–F9), if any;
       severities: whether a severity applies; needs: what the base must declare for the fault to
       exist at all (`model`: an epilogue model; `fma`: a fused bias); exposed_by: the tile of
-      `alibi.exposing` built to make it observable; summary: one line for tables.
+      `alibi.tiles.exposing` built to make it observable; summary: one line for tables.
     """
 
     name: str

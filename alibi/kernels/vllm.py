@@ -391,7 +391,7 @@ def bias_in_output_dtype(name: str, bias: torch.Tensor | None, n: int, out_dtype
         raise InputError(f"kernel {name!r} takes a bias in the output dtype ({str(out_dtype).removeprefix('torch.')}), "
                          f"as vLLM passes it to its kernels; this {str(bias.dtype).removeprefix('torch.')} bias does "
                          "not convert exactly: use tiles whose bias is in the output dtype "
-                         "(alibi.out_bias_probe for identification)")
+                         "(alibi.tiles.out_bias_probe for identification)")
     return converted.contiguous()
 
 

@@ -26,7 +26,7 @@ import torch
 
 from alibi.io.progress import ProgressCallback
 from alibi.model.runner import LoadedModel, W8A8Linear
-from alibi.tile import Tile, tile_bytes
+from alibi.tiles.tile import Tile, tile_bytes
 
 
 @dataclass(frozen=True)

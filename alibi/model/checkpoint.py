@@ -28,7 +28,7 @@ from alibi.model.digests import (
     json_sha256,
     tensors_sha256,
 )
-from alibi.safetensors_header import read_header
+from alibi.tiles.safetensors_header import read_header
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -26,7 +26,7 @@ from alibi.governance.manifest import (
 )
 from alibi.io import atomic
 from alibi.model.digests import json_sha256
-from alibi.tile import load_tile
+from alibi.tiles.tile import load_tile
 
 FORMAT = "alibi-predictions/v1"
 

@@ -48,7 +48,7 @@ from alibi.io import atomic
 from alibi.model.checkpoint import tokenizer_digest
 from alibi.model.digests import bytes_sha256, tensors_sha256
 from alibi.model.wikitext import CLEANER_VERSION, articles, corpus_text
-from alibi.safetensors_header import read_header
+from alibi.tiles.safetensors_header import read_header
 
 TOKENS_FILE, WINDOWS_FILE, ATTRIBUTION_FILE = "tokens.safetensors", "windows.jsonl", "ATTRIBUTION.md"
 

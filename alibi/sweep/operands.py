@@ -1,10 +1,10 @@
 """Seeded operands for the sweeps: INT8 as the synthetic presets make them, FP8 as the paper's design.
 
-* INT8 (`format="int8"`): `alibi.synthetic`'s own generator — heavy-tailed (Student-t, 4 degrees of
+* INT8 (`format="int8"`): `alibi.tiles.synthetic`'s own generator — heavy-tailed (Student-t, 4 degrees of
   freedom) activations with ~1% outlier channels and a shared direction with the weights — then
   vLLM's dynamic per-token quantization of the activations and compressed-tensors' per-channel
   quantization of the weights with the scale stored in bf16 (`alibi.exact.quant`), exactly the steps of
-  `alibi.synthetic.synthetic_tiles`; the scales are real (not powers of two).
+  `alibi.tiles.synthetic.synthetic_tiles`; the scales are real (not powers of two).
   `quantize_per_token` never produces −128 (`|x·127/amax| ≤ 127`), so every product is bounded by
   127·128 = 16256 and no int32 accumulator can wrap for K ≤ `INT8_K_LIMIT` = 132,104.
 * FP8 (`format="fp8_e4m3"`), `fp8_scales="tensor"` (the paper's design): standard Gaussian values
@@ -35,7 +35,7 @@ from alibi.exact.quant import (
     quantize_weight_per_channel,
     weight_scale_per_channel,
 )
-from alibi.synthetic import (
+from alibi.tiles.synthetic import (
     _operands as synthetic_operands,  # the presets' generator, reused as is
 )
 

@@ -13,8 +13,8 @@ python - "$W/fp8tiles" <<'PY'
 import sys
 from pathlib import Path
 import torch
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 out = Path(sys.argv[1])
 for t in synthetic_tiles("qwen3-1.7b", M=256):
     a = t.a_q.float() * t.s_a[:, None]

@@ -100,9 +100,9 @@ from pathlib import Path
 import torch
 
 from alibi.kernels.bnb import with_exact_statistics
-from alibi.out_bias_probe import out_bias_probe_tiles
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.out_bias_probe import out_bias_probe_tiles
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 root = Path(sys.argv[1])
 

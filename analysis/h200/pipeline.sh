@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 root = Path(sys.argv[1]); root.mkdir(parents=True, exist_ok=True)
 for f in root.glob("*.safetensors"):

@@ -9,8 +9,8 @@ from hostile import main_one_line
 
 from alibi.cli import main
 from alibi.governance.manifest import build_predicate, read_manifest, verify_files, write_manifest
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w", "--quiet"]
 

@@ -62,8 +62,8 @@ def test_model_prepare_killed_at_any_write_leaves_the_old_checkpoints_or_the_com
 
 @pytest.fixture
 def tiles(tmp_path):
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import save_tile
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import save_tile
 
     folder = tmp_path / "tiles"
     folder.mkdir()
@@ -79,8 +79,8 @@ def test_predict_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new
     process, never a truncated file; the next `predict` removes the stage."""
     from alibi.governance.manifest import digest_tree
     from alibi.model.predictions import verify_predictions
-    from alibi.synthetic import synthetic_tiles
-    from alibi.tile import save_tile
+    from alibi.tiles.synthetic import synthetic_tiles
+    from alibi.tiles.tile import save_tile
 
     other = tmp_path / "other-tiles"
     other.mkdir()

@@ -47,7 +47,7 @@ def pair(model, tmp_path_factory) -> Path:
 
 def test_capture_holds_one_tile_per_w8a8_linear_under_vllms_layer_names_and_verifies(capture):
     from alibi.governance.manifest import read_manifest, verify_files
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     tiles = load_tile_dir(capture.folder)
     assert len(tiles) == 120 == len(capture.files)  # 30 layers × qkv_proj, o_proj, gate_up_proj, down_proj
@@ -66,7 +66,7 @@ def test_capture_holds_one_tile_per_w8a8_linear_under_vllms_layer_names_and_veri
 def test_captured_weights_are_the_checkpoints_concatenated_as_vllm_fuses_them(capture, model):
     from safetensors.torch import load_file
 
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     state = load_file(str(model / "model.safetensors"))
     tiles = {t.meta["layer"]: t for t in load_tile_dir(capture.folder)}
@@ -95,7 +95,7 @@ def test_the_captured_activations_lie_on_the_grid_of_vllms_cpu_quantization(capt
     vLLM's in analysis/results/cpu/vllm-engine/crosscheck.json)."""
     from alibi.exact.quant import quantize_per_token_vllm_cpu
     from alibi.kernels.vllm_cpu import onednn_arithmetic
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     zero_row_q = onednn_arithmetic().zero_row_q
     tiles = load_tile_dir(capture.folder)
@@ -109,7 +109,7 @@ def test_the_captured_activations_lie_on_the_grid_of_vllms_cpu_quantization(capt
 def test_captured_tiles_conform_and_name_vllms_cpu_kernel_faults_on_this_cpu(capture):
     from alibi.conform import choose_pair, run_conformance, source_from_tiles
     from alibi.kernels.vllm_cpu import onednn_arithmetic
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     tiles = load_tile_dir(capture.folder)[:4]  # layer 0: qkv, o, gate_up, down
     arithmetic = onednn_arithmetic()

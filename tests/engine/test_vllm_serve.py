@@ -107,7 +107,7 @@ def test_the_served_answers_are_byte_identical_with_capture_on_and_off(served):
 
 def test_the_server_worker_captured_every_w8a8_linear_of_each_forward(served):
     from alibi.governance.manifest import read_manifest, verify_files
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     tiles = load_tile_dir(served["capture"])
     layers = {t.meta["layer"] for t in tiles}
@@ -125,7 +125,7 @@ def test_the_server_worker_captured_every_w8a8_linear_of_each_forward(served):
 
 def test_the_captured_server_set_conforms_on_its_prefill_tiles(served):
     from alibi.conform import choose_pair, run_conformance, source_from_tiles
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     tiles = [t for t in load_tile_dir(served["capture"]) if t.meta["layer"].startswith("model.layers.0.")][:4]
     report = run_conformance(choose_pair("torch-cpu", "emulator:w_then_a+add_before_cast"), source_from_tiles(tiles),

@@ -16,8 +16,8 @@ import torch
 
 from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator, fma_f32
 from alibi.exact.numerics import bits
-from alibi.out_bias_probe import out_bias_probe_tiles
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.out_bias_probe import out_bias_probe_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

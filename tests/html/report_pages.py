@@ -7,7 +7,7 @@ from pathlib import Path
 from faulty_kernels import OneUlpUp, divergent_tile
 
 from alibi.kernels import register
-from alibi.tile import save_tile
+from alibi.tiles.tile import save_tile
 
 # Tile names are untrusted input: markup, a newline, mathtext and an ampersand must all arrive as text.
 HOSTILE_NAMES = ('<script>alert("tile")</script>', "line one\nline two & <b>bold</b>", "layers.2.$\\frac{x$")

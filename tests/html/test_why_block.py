@@ -15,7 +15,7 @@ from faulty_kernels import divergent_tile
 
 from alibi.cli import main
 from alibi.report import explanation, read_report, why_sentence
-from alibi.tile import save_tile
+from alibi.tiles.tile import save_tile
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from hostile import GIB, assert_one_line_error, run_alibi
 
 from alibi.errors import InputError
 from alibi.io.limits import DEFAULT_MAX_ELEMENTS, MAX_ELEMENTS_ENV, check_gemm_size, check_seed, max_elements
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]
 

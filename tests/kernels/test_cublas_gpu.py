@@ -69,7 +69,7 @@ def test_cublas_all_minus_128_operands_at_k_32768_accumulate_exactly(kernel):
 @pytest.mark.parametrize("preset", ["epilogue-probe", "epilogue-probe-bias"])
 def test_cublas_matches_its_declared_model_and_no_other_on_the_epilogue_probe(kernel, preset):
     from alibi.exact.emulator import BIAS_MODES, ORDERS
-    from alibi.synthetic import synthetic_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
 
     tile = synthetic_tiles(preset)[0]
     out = kernel.scaled_mm(tile.a_q.cuda(), tile.s_a.cuda(), tile.w_q.cuda(), tile.s_w.cuda(),

@@ -164,7 +164,7 @@ def test_cutlass_picks_the_sm90_path_on_hopper_and_reports_it_in_evidence():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     from alibi.kernels import get_kernel
-    from alibi.tile import Tile
+    from alibi.tiles.tile import Tile
 
     a, s_a, w, s_w, _ = _operands(16, 64, 64, seed=0)
     kernel = get_kernel("cutlass")
@@ -194,7 +194,7 @@ def _models_matching(out, acc, tile):
 @pytest.mark.parametrize("preset", ["epilogue-probe", "epilogue-probe-bias"])
 def test_cutlass_matches_w_then_a_fma_and_no_other_model_on_the_epilogue_probe(path, preset):
     """The probe tile's scales (and bias) are built so every known epilogue model gives other bits."""
-    from alibi.synthetic import synthetic_tiles
+    from alibi.tiles.synthetic import synthetic_tiles
 
     kernel = _kernel(path)
     tile = synthetic_tiles(preset)[0]

@@ -16,7 +16,7 @@ from alibi.exact.numerics import bitwise_equal_mask
 from alibi.kernels import fbgemm as F
 from alibi.kernels import get_kernel
 from alibi.kernels import sglang as S
-from alibi.out_bias_probe import as_e4m3, out_bias_probe_tiles
+from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
 
 
 def test_fbgemm_root_without_fp8_gemm_is_refused_naming_the_path(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 One test, parametrized over every name `alibi.kernels.kernel_names()` lists (built-ins, the positive controls
 and the kernels installed packages register under the `alibi.kernels` entry points) × one grid of cells. A
-cell is a tile (M = 1, ragged odd N and K, the exposing tiles of `alibi.exposing`: the epilogue probe whose
+cell is a tile (M = 1, ragged odd N and K, the exposing tiles of `alibi.tiles.exposing`: the epilogue probe whose
 scales make the scale orders disagree, partial sums beyond 2²⁴, subnormal outputs), a bias (none, one in the
 output dtype, fp32) and an output dtype (bf16, fp16). In every cell the output's bit patterns must equal the
 declared model applied to the exact accumulator, and an exposed accumulator must equal the exact one. fp8
@@ -41,11 +41,11 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, is_subnormal
-from alibi.exposing import exposing_tile
 from alibi.kernels import Kernel, get_kernel, kernel_names
 from alibi.kernels.base import private_copy
 from alibi.kernels.mutants import FAULTS, round_toward_zero
-from alibi.tile import Tile
+from alibi.tiles.exposing import exposing_tile
+from alibi.tiles.tile import Tile
 
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BIASES = ("none", "out", "fp32")  # no bias, a bias in the output dtype (as a model's layers hold it), an fp32 bias

@@ -29,12 +29,6 @@ from alibi.exact.numerics import (
     is_subnormal,
     max_ulp_distance,
 )
-from alibi.exposing import (
-    EXPOSING_TILES,
-    exposing_tile,
-    fp32_partials_tile,
-    subnormal_outputs_tile,
-)
 from alibi.kernels import get_kernel
 from alibi.kernels.mutants import (
     FAULTS,
@@ -47,7 +41,13 @@ from alibi.kernels.mutants import (
     saturating_pair_accumulator,
 )
 from alibi.kernels.triton_int8 import TruncatingTritonKernel
-from alibi.tile import Tile
+from alibi.tiles.exposing import (
+    EXPOSING_TILES,
+    exposing_tile,
+    fp32_partials_tile,
+    subnormal_outputs_tile,
+)
+from alibi.tiles.tile import Tile
 
 ISSUE_NAMES = ["scale-bf16", "double-round", "reassociate", "truncate-cast", "scale-in-reduction", "int32-wrap",
                "fp32-accumulate", "null", "operand-step", "scale-ulp", "reseed", "flush-subnormal",

@@ -12,7 +12,7 @@ from alibi.exact.emulator import TORCHAO_INT8, EpilogueModel, run_model  # noqa:
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.identify import identify  # noqa: E402
 from alibi.kernels import get_kernel  # noqa: E402
-from alibi.synthetic import synthetic_tiles  # noqa: E402
+from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 
 
 @pytest.fixture(scope="module")

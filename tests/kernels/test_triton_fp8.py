@@ -18,7 +18,7 @@ from alibi.exact.emulator import VLLM_TRITON, apply_epilogue
 from alibi.exact.numerics import bits, bitwise_equal
 from alibi.kernels import get_kernel
 from alibi.kernels.triton_int8 import interpreted
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
 FP32_UNIT_ROUNDOFF = 2.0**-24

@@ -28,7 +28,7 @@ from alibi.kernels.triton_int8 import (
     output_bits_to_fp32,
     round_to_output_bits,
 )
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
 

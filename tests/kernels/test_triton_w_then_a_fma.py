@@ -22,7 +22,7 @@ from alibi.exact.numerics import bits, bitwise_equal
 from alibi.identify import identify
 from alibi.kernels import get_kernel, kernel_names
 from alibi.kernels.triton_int8 import fused_multiply_add_f32, interpreted, launch
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 W_THEN_A_FMA = EpilogueModel("w_then_a", "fma")
 OUT_DTYPES = [torch.bfloat16, torch.float16]

@@ -33,8 +33,8 @@ from alibi.identify import identify
 from alibi.kernels import get_kernel
 from alibi.kernels import vllm as V
 from alibi.kernels.base import Kernel
-from alibi.out_bias_probe import as_e4m3, out_bias_probe_tiles
-from alibi.synthetic import synthetic_tiles
+from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
+from alibi.tiles.synthetic import synthetic_tiles
 
 NAMES = ("vllm-cutlass", "vllm-triton", "vllm-cutlass-fp8")
 REAL_OPS = os.environ.get(V.ENV_OPS)
@@ -395,7 +395,7 @@ def test_with_vllm_batch_invariant_the_fp8_kernel_uses_the_swapped_order_at_ever
     _available("vllm-cutlass-fp8")
     # vLLM's op reads the variable once, at its first call: hence a fresh process.
     code = ("import sys, torch\nsys.path.insert(0, sys.argv[1])\nfrom test_vllm import _fp8_models\n"
-            "from alibi.kernels import get_kernel\nfrom alibi.out_bias_probe import as_e4m3, order_probe\n"
+            "from alibi.kernels import get_kernel\nfrom alibi.tiles.out_bias_probe import as_e4m3, order_probe\n"
             "k = get_kernel('vllm-cutlass-fp8')\nt = as_e4m3(order_probe(torch.bfloat16, seed=2, M=256, max_abs=16))\n"
             "print([m for m, n in _fp8_models(t, k.run(t).out).items() if n == 0])\n")
     root = Path(__file__).parents[2]

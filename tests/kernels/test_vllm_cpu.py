@@ -22,7 +22,7 @@ from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.exact.quant import quantize_per_token, quantize_per_token_vllm_cpu  # noqa: E402
 from alibi.identify import identify  # noqa: E402
 from alibi.kernels import get_kernel  # noqa: E402
-from alibi.synthetic import synthetic_tiles  # noqa: E402
+from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_bfloat16_outputs_are_the_declared_model_rounded_toward_zero_with_avx2(k
 def test_bfloat16_outputs_are_the_declared_model_with_subnormals_flushed_to_signed_zero_with_avx512_bf16(
         kernel, arithmetic):
     from alibi.exact.numerics import is_subnormal
-    from alibi.exposing import exposing_tile
+    from alibi.tiles.exposing import exposing_tile
 
     if arithmetic.bf16_cast != "flushes subnormals":
         pytest.skip(f"{arithmetic.library}'s bf16 cast {arithmetic.bf16_cast} (the previous test)")
@@ -178,7 +178,7 @@ def test_conform_fires_the_epilogue_check_on_bf16_outputs_where_the_cast_deviate
     if arithmetic.bf16_cast == "truncates":  # every bf16 output truncates
         tiles = [non_saturating(t) for t in synthetic_tiles("smollm2-135m-bias")]
     else:  # only subnormal outputs flush
-        from alibi.exposing import exposing_tile
+        from alibi.tiles.exposing import exposing_tile
 
         tiles = [exposing_tile("subnormal-outputs").replace(out_dtype=torch.bfloat16, bias=None)]
     loud = _report("vllm-cpu-onednn", f"emulator:{arithmetic.epilogue.name}", tiles)

@@ -14,8 +14,8 @@ from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 from alibi.model.predictions import verify_predictions, write_predictions
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import load_tile_dir, save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import load_tile_dir, save_tile
 
 from .builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 

@@ -13,8 +13,8 @@ from alibi.cli import main
 from alibi.io import atomic
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 from .builders import TINY_LLAMA, tiny_dense_tensors, write_tiny_tokenizer
 
@@ -68,7 +68,7 @@ def _counted_stages(err: str, total: int) -> list[str]:
 @needs_model_extra
 def test_capture_counts_its_four_stages_on_stderr_and_quiet_silences_it(workspace, capsys, monkeypatch):
     from alibi.model.capture import CAPTURE_STAGES
-    from alibi.tile import load_tile_dir
+    from alibi.tiles.tile import load_tile_dir
 
     monkeypatch.setenv("ALIBI_PROGRESS", "lines")
     args = ["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"), "--tokens", "16"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hostile import main_one_line
 
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import save_tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import save_tile
 
 
 def _tiles(tmp_path):

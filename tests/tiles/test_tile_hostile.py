@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from alibi.errors import InputError
 from alibi.io.limits import MAX_ELEMENTS_ENV
-from alibi.tile import Tile, load_tile, save_tile, tile_bytes
+from alibi.tiles.tile import Tile, load_tile, save_tile, tile_bytes
 
 
 def _raw(header: object, data: bytes = b"") -> bytes:
@@ -77,11 +77,11 @@ def test_an_unreadable_tile_is_one_line_for_a_user_without_permission():
     os.chmod(tiles / "t.safetensors", 0o000)
     code = textwrap.dedent(f"""
         import os, sys
-        import alibi.cli, alibi.model.predictions, alibi.tile, alibi.errors
+        import alibi.cli, alibi.model.predictions, alibi.tiles.tile, alibi.errors
         alibi.cli.build_parser()  # imports every command module while the interpreter's files are readable
         os.setgid({NOBODY}); os.setuid({NOBODY})
         try:
-            alibi.tile.load_tile({str(tiles / "t.safetensors")!r})
+            alibi.tiles.tile.load_tile({str(tiles / "t.safetensors")!r})
         except alibi.errors.InputError as exc:
             print("library:", exc)
         sys.exit(alibi.cli.main(["predict", "--tiles", {str(tiles)!r}, "--out", {str(folder / "p.json")!r}]))
@@ -120,7 +120,7 @@ def test_an_8_gib_sparse_tile_is_refused_reading_only_its_header_under_a_1_gib_m
     path.write_bytes(tile_bytes(_good_tile()))
     with open(path, "r+b") as fh:
         fh.truncate(8 * GIB)  # a hole: no disk space used
-    code = f"from alibi.tile import load_tile\nload_tile({str(path)!r})"
+    code = f"from alibi.tiles.tile import load_tile\nload_tile({str(path)!r})"
     proc = run_python(code, memory_limit=GIB)
     assert proc.returncode == 1 and "MemoryError" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("alibi.errors.InputError: "), proc.stderr

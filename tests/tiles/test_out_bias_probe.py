@@ -11,7 +11,7 @@ from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel
 from alibi.exact.numerics import is_subnormal
 from alibi.identify import identify
 from alibi.kernels.cpu import EmulatorKernel
-from alibi.out_bias_probe import as_e4m3, out_bias_probe_tiles
+from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
 
 MODELS = [EpilogueModel(o, b) for o, b in product(ORDERS, BIAS_MODES)]
 

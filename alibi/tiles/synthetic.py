@@ -20,7 +20,7 @@ from alibi.exact.quant import (
     weight_scale_per_channel,
 )
 from alibi.io.limits import check_gemm_size, check_seed
-from alibi.tile import Tile
+from alibi.tiles.tile import Tile
 
 # (layer kind, K, N) of one decoder block: q, k, v, o, gate, up, down.
 SMOLLM2_135M_BLOCK = (("q_proj", 576, 576), ("k_proj", 576, 192), ("v_proj", 576, 192), ("o_proj", 576, 576),

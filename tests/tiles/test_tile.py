@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 from alibi.errors import InputError
-from alibi.synthetic import PRESETS, synthetic_tiles
-from alibi.tile import Tile, load_tile, load_tile_dir, save_tile, tile_bytes
+from alibi.tiles.synthetic import PRESETS, synthetic_tiles
+from alibi.tiles.tile import Tile, load_tile, load_tile_dir, save_tile, tile_bytes
 
 
 def make_tile(M=4, K=8, N=3, **changes) -> Tile:

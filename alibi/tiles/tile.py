@@ -36,7 +36,7 @@ from alibi.exact.numerics import FLOAT_DTYPES, dtype_name
 from alibi.io import atomic
 from alibi.io.digests import sha256_bytes
 from alibi.io.limits import check_gemm_size
-from alibi.safetensors_header import read_header
+from alibi.tiles.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
 BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -174,7 +174,7 @@ def load_tile(path: str | Path) -> Tile:
 def read_tile(path: str | Path) -> tuple[Tile, str]:
     """Read and validate one tile file; returns the tile and the sha256 of the very bytes it was parsed from.
 
-    The header is read and checked first (`alibi.safetensors_header`: only its bytes are read, and
+    The header is read and checked first (`alibi.tiles.safetensors_header`: only its bytes are read, and
     every malformation is an InputError), then the tensor names and the GEMM's size against the
     element budget (`alibi.io.limits`); only then is the file read, once: the digest and the tensors
     come from the same bytes, so a manifest pins what was checked.

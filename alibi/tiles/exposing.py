@@ -5,7 +5,7 @@ of real-layer outputs) or never (an fp32 reduction is exact while partial sums s
 flushed subnormal needs subnormal outputs). `alibi mutants` without a tile source runs on this
 set, so that a check that stays silent on a row really missed an observable fault:
 
-* `epilogue-probe` (from `alibi.synthetic`): uniform int8 operands over the full range and fp32
+* `epilogue-probe` (from `alibi.tiles.synthetic`): uniform int8 operands over the full range and fp32
   scales searched so the three scale orders disagree on many outputs. Shows every epilogue fault,
   the operand faults, a wrong row scale, saturating 16-bit pairs (pairs of large products clip)
   and, with M = 64 > 16, the M-dependent order in conform's small sub-batches.
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from alibi.errors import InputError
-from alibi.synthetic import synthetic_tiles
-from alibi.tile import Tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import Tile
 
 EXPOSING_TILES = ("epilogue-probe", "epilogue-probe-bias", "fp32-partials", "subnormal-outputs")
 
