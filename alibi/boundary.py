@@ -45,8 +45,9 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, bitwise_equal_mask
-from alibi.kernels import Kernel, get_kernel, kernel_names
+from alibi.kernels.base import Kernel
 from alibi.kernels.base import private_copy
+from alibi.kernels.registry import get_kernel, kernel_names
 from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.boundary/v1"

@@ -38,8 +38,9 @@ from alibi.errors import InputError, one_line
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.exact.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
 from alibi.io import atomic
-from alibi.kernels import Kernel, get_kernel
+from alibi.kernels.base import Kernel
 from alibi.kernels.base import operands, private_copy
+from alibi.kernels.registry import get_kernel
 from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tiles.tile import Tile
 from alibi.token_risk import ReplayEvidence

@@ -22,7 +22,7 @@ from alibi.exact.emulator import (
     exact_accumulator,
 )
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
-from alibi.kernels import Kernel
+from alibi.kernels.base import Kernel
 from alibi.tiles.out_bias_probe import out_bias_probe_tiles
 from alibi.tiles.synthetic import synthetic_tiles
 from alibi.tiles.tile import Tile

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from alibi.conform import TileSource
-    from alibi.kernels import Kernel
+    from alibi.kernels.base import Kernel
     from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.matrix/v1"
@@ -327,7 +327,7 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
         validate_regimes,
     )
     from alibi.errors import InputError
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     names = list(names)
     if len(set(names)) != len(names):

@@ -32,7 +32,7 @@ from alibi.errors import InputError
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
-from alibi.kernels import Kernel
+from alibi.kernels.base import Kernel
 from alibi.kernels.base import KernelOutput
 from alibi.kernels.mutants import (
     ALL,

@@ -65,7 +65,7 @@ class PairPrediction:
 def declared_model(name: str):
     """The epilogue model a kernel declares (registry name), or a model named directly (`w_then_a+fma`)."""
     from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel
-    from alibi.kernels import get_kernel, kernel_names
+    from alibi.kernels.registry import get_kernel, kernel_names
 
     if name in kernel_names():
         model = get_kernel(name).epilogue

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from alibi.checks import DEFAULT_ULP_THRESHOLD
 from alibi.conform import REGIMES, Pair, TileSource, run_conformance, source_from_dir, source_from_preset, source_from_tiles
-from alibi.kernels import Kernel, get_kernel
+from alibi.kernels.base import Kernel
+from alibi.kernels.registry import get_kernel
 from alibi.results import Report
 from alibi.tiles.synthetic import PRESETS
 from alibi.tiles.tile import Tile

@@ -183,7 +183,7 @@ FIXES: tuple[Fix, ...] = (
         only=("test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform",
               "test_an_entry_point_that_does_not_return_a_kernel_is_refused",
               "test_the_cli_runs_a_plugin_kernel_installed_in_another_process"),
-        mutations=(Mutation("alibi/kernels/__init__.py", 'entry_points(group="alibi.kernels")',
+        mutations=(Mutation("alibi/kernels/catalog.py", 'entry_points(group="alibi.kernels")',
                             'entry_points(group="alibi.kernels.none")', "installed plugins not found"),)),
     Fix("7278b43", "assert_interchangeable returns this run's report", before="HEAD",
         only=("test_interchangeable_kernels_return_the_report_for_further_assertions",),

@@ -98,7 +98,7 @@ cross = {KERNELS[arm]: sum(first_divergence(x, sequences("pow2", arm)[w]) is Non
 
 def eager_ms(fn):
     if DEVICE == "cuda":
-        from alibi.bench import timer
+        from alibi.kernels.bench import timer
         return timer(fn, REP_MS)
     start = time.perf_counter()  # CPU smoke test: one wall-clock sample per repeat
     fn()
@@ -108,7 +108,7 @@ def eager_ms(fn):
 def graph_ms(fn):
     if DEVICE != "cuda":
         return None
-    from alibi.bench import graph_timer
+    from alibi.kernels.bench import graph_timer
     return graph_timer(fn, REP_MS)
 
 

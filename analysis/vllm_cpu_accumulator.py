@@ -19,7 +19,7 @@ def main() -> int:
     from alibi.exact.emulator import exact_accumulator
     from alibi.governance.environment import environment_record
     from alibi.governance.manifest import read_manifest, verify_files
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
     from alibi.kernels.vllm_cpu import cpu_isa, saturating_accumulator
     from alibi.tiles.tile import load_tile_dir
 

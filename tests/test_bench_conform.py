@@ -7,7 +7,7 @@ import pytest
 from alibi.bench_conform import ConformBench, bench_conform
 from alibi.cli import main
 from alibi.conform import Pair, StageTimer, run_conformance, source_from_preset
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 
 
 def test_the_stage_split_adds_up_to_no_more_than_the_wall_time_and_every_stage_ran():

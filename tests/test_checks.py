@@ -31,8 +31,8 @@ from alibi.conform import (
 )
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
 from alibi.exact.numerics import bits, ulp_distance
-from alibi.kernels import get_kernel
 from alibi.kernels.base import Kernel
+from alibi.kernels.registry import get_kernel
 from alibi.report import why_sentence
 from alibi.tiles.tile import Tile
 

@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from alibi.cli import main
 from alibi.errors import InputError
-from alibi.kernels import register
 from alibi.kernels.base import Kernel
+from alibi.kernels.registry import register
 from alibi.tiles.tile import save_tile
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]

@@ -155,7 +155,7 @@ import os, sys, time
 from pathlib import Path
 from alibi.cli import main
 from alibi.exact.emulator import EpilogueModel
-from alibi.kernels import register
+from alibi.kernels.registry import register
 from alibi.kernels.cpu import EmulatorKernel
 
 class StallingEmulator(EmulatorKernel):

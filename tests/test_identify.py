@@ -5,7 +5,7 @@ import pytest
 from alibi.cli import main
 from alibi.exact.emulator import BIAS_MODES, ORDERS
 from alibi.identify import identify
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import synthetic_tiles
 
 

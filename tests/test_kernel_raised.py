@@ -11,7 +11,7 @@ from faulty_kernels import Reference
 
 from alibi.cli import main
 from alibi.errors import KernelRaised, WorkerFailed
-from alibi.kernels import register
+from alibi.kernels.registry import register
 from alibi.tiles.synthetic import synthetic_tiles
 
 

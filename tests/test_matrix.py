@@ -17,7 +17,7 @@ from alibi.cli import main
 from alibi.conform import Pair, run_conformance, source_from_tiles
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.io.digests import sha256_file
-from alibi.kernels import _EXTRA, get_kernel, register
+from alibi.kernels.registry import _EXTRA, get_kernel, register
 from alibi.matrix import SCHEMA, SCHEMA_FILE, Matrix, run_matrix, to_markdown
 from alibi.tiles.synthetic import synthetic_tiles
 

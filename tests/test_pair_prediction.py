@@ -6,7 +6,7 @@ import json
 
 from alibi.cli import main
 from alibi.conform import Pair, run_conformance, source_from_preset
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.pair_prediction import PairPrediction, predict_pair
 
 

@@ -104,7 +104,7 @@ def test_a_tile_that_differs_from_its_declared_model_is_explained_as_a_finding()
     from faulty_kernels import Bf16ScaleEpilogue
 
     from alibi.conform import Pair, run_conformance, source_from_tiles
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     pair = Pair(Bf16ScaleEpilogue(), get_kernel("emulator:a_then_w"), "test")
     report = run_conformance(pair, source_from_tiles([divergent_tile(seed=0)]), ["real"], invariance=False)

@@ -12,7 +12,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema", reason="needs jsonschema (pip install 'integer-alibi[test]')")
 
 from alibi.conform import Pair, run_conformance, source_from_preset
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.results import SCHEMA, SCHEMA_FILE, KernelRecord, Report, UnitResult
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from faulty_kernels import Reference, divergent_tile
 from alibi import checks
 from alibi.cli import main
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
-from alibi.kernels import register
+from alibi.kernels.registry import register
 
 
 class Undeclared(Reference):

@@ -101,8 +101,8 @@ def _shapes(specs: list[str] | None) -> list[tuple[int, int, int]] | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from alibi.bench import FP8_KERNELS, INT8_KERNELS, Case, default_cases, format_table, run_bench, write_report
-    from alibi.kernels import get_kernel
+    from alibi.kernels.bench import FP8_KERNELS, INT8_KERNELS, Case, default_cases, format_table, run_bench, write_report
+    from alibi.kernels.registry import get_kernel
 
     if args.rep_ms < 1:
         raise InputError(f"--rep-ms must be positive, got {args.rep_ms}")

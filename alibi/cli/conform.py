@@ -73,7 +73,7 @@ def units_dir(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.kernel_catalog import check_kernel_name
+    from alibi.kernels.catalog import check_kernel_name
 
     check_kernel_name(args.kernel_a, "--kernel-a")  # a mistyped name is refused before torch loads
     check_kernel_name(args.kernel_b, "--kernel-b")

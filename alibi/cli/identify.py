@@ -22,11 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.kernel_catalog import check_kernel_name
+    from alibi.kernels.catalog import check_kernel_name
 
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
     from alibi.identify import identify, probe_tiles
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
     from alibi.tiles.synthetic import synthetic_tiles
     from alibi.tiles.tile import load_tile_dir
 

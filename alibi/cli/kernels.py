@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def kernel_rows() -> list[dict]:
-    from alibi.kernels import get_kernel, kernel_names
+    from alibi.kernels.registry import get_kernel, kernel_names
 
     rows = []
     for name in kernel_names():
@@ -46,7 +46,7 @@ def list_kernels(args: argparse.Namespace) -> int:
 
 
 def build_kernel(args: argparse.Namespace) -> int:
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     kernel = get_kernel(args.name)
     if not hasattr(kernel, "build"):

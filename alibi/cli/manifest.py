@@ -87,7 +87,7 @@ def _treatment(args: argparse.Namespace):
     log = read_kernel_log(args.kernel_log) if args.kernel_log is not None else None
     if args.kernel is None:
         return engine_treatment(log, arm)
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     return treatment_of(get_kernel(args.kernel), arm, kernel_log=log)
 

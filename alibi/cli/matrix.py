@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(regimes)} regimes", file=sys.stderr)
     matrix = run_matrix(names, source, regimes, available_only=args.available_only, ulp_threshold=args.ulp_threshold,
                         progress=None if args.quiet else progress_printer())
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     arms = {k.name: treatment_of(get_kernel(k.name), k.name) for k in matrix.kernels}
     with atomic.staged_dir(args.out) as stage:

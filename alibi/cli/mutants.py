@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from alibi.governance import build_predicate, resource, treatment_of
     from alibi.io import atomic
     from alibi.io.progress import progress
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
     from alibi.mutants import (
         check_tiles,
         plan_rows,

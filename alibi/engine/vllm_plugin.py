@@ -73,7 +73,7 @@ class _State:
 
     def alibi_kernel(self):
         if self.kernel is None and self.kernel_name:
-            from alibi.kernels import get_kernel
+            from alibi.kernels.registry import get_kernel
 
             kernel = get_kernel(self.kernel_name)
             kernel.require_available()

@@ -129,7 +129,7 @@ def _kernel_log(folder: Path):
 def _treatment(folder: Path, kernel_name: str | None, arm: str):
     from alibi.governance.manifest import engine_treatment
     from alibi.governance.manifest import treatment_of
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     log = _kernel_log(folder)
     if kernel_name is None:
@@ -146,7 +146,7 @@ def engine_parameters(run: EngineRun) -> dict[str, Any]:
 def _swap_kernel(kernel: str | None) -> str | None:
     if kernel is None or kernel == NATIVE:
         return None
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     k = get_kernel(kernel)  # InputError for an unknown name, before any engine starts
     k.require_available()

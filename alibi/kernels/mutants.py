@@ -612,7 +612,7 @@ def native_triton_mutant(fault_name: str, name: str | None = None) -> Kernel:
     return kernel
 
 
-# Zero-argument factories for the registry (`alibi.kernel_catalog.BUILTIN`).
+# Zero-argument factories for the registry (`alibi.kernels.catalog.BUILTIN`).
 native_truncate_cast = functools.partial(native_triton_mutant, "truncate-cast")
 native_fp32_accumulate = functools.partial(native_triton_mutant, "fp32-accumulate")
 native_splitk_fp32 = functools.partial(native_triton_mutant, "splitk-fp32")

@@ -30,7 +30,8 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.quant import quantize_per_token
-from alibi.kernels import Kernel, get_kernel
+from alibi.kernels.base import Kernel
+from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
 from alibi.model.execution import ExecutionMode, apply_execution_mode

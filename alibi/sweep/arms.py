@@ -1,6 +1,6 @@
 """The two arms of a sweep: kernels resolved by name, checked for the format, and fed on their own device.
 
-Names are the registry's (`alibi.kernels.get_kernel`) plus one CPU reference kernel for fp8 that the
+Names are the registry's (`alibi.kernels.registry.get_kernel`) plus one CPU reference kernel for fp8 that the
 registry does not carry:
 
 `fp8-sequential:<order>[+<bias>]` — e4m3 operands widened to fp32 (exact), every product formed in
@@ -21,7 +21,8 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue
-from alibi.kernels import Kernel, get_kernel
+from alibi.kernels.base import Kernel
+from alibi.kernels.registry import get_kernel
 from alibi.sweep.operands import Operands
 
 SEQUENTIAL_FP8_PREFIX = "fp8-sequential:"

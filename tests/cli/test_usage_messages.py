@@ -45,9 +45,9 @@ def test_an_unknown_kernel_name_is_refused_before_torch_is_imported(tmp_path):
 
 def test_a_known_kernel_name_passes_the_early_check(monkeypatch):
     from alibi.errors import InputError
-    from alibi.kernel_catalog import check_kernel_name
+    from alibi.kernels.catalog import check_kernel_name
 
-    monkeypatch.delitem(sys.modules, "alibi.kernels", raising=False)  # as in a fresh `alibi` process
+    monkeypatch.delitem(sys.modules, "alibi.kernels.registry", raising=False)  # as in a fresh `alibi` process
     for name in ("torch-cpu", "vllm-triton", "emulator:w_then_a", "mutant:truncate-cast:triton"):
         check_kernel_name(name, "--kernel-a")
     with pytest.raises(InputError, match="did you mean 'vllm-triton'"):

@@ -6,7 +6,7 @@ import json
 
 from alibi.cli import main
 from alibi.governance.manifest import build_predicate, treatment_of, write_manifest
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 
 
 def _arm(folder, kernel, arm):

@@ -18,7 +18,7 @@ from alibi.governance.manifest import (
     treatment_of,
     write_manifest,
 )
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 
 
 @pytest.fixture()

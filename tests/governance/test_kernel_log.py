@@ -17,8 +17,8 @@ from alibi.governance.kernel_log import (
     read_kernel_log,
 )
 from alibi.governance.manifest import build_predicate, engine_treatment, treatment_of, write_manifest
-from alibi.kernels import get_kernel
 from alibi.kernels import vllm as V
+from alibi.kernels.registry import get_kernel
 
 CUTLASS_LOG = (
     "INFO 12-01 09:46:00 [__init__.py:671] Selected CutlassInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8\n"

@@ -21,7 +21,7 @@ from alibi.governance.manifest import (
     verify_files,
     write_manifest,
 )
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 
 
 def _artifact(folder: Path) -> Path:

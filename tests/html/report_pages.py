@@ -6,7 +6,7 @@ from pathlib import Path
 
 from faulty_kernels import OneUlpUp, divergent_tile
 
-from alibi.kernels import register
+from alibi.kernels.registry import register
 from alibi.tiles.tile import save_tile
 
 # Tile names are untrusted input: markup, a newline, mathtext and an ampersand must all arrive as text.

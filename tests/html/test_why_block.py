@@ -49,7 +49,7 @@ def test_the_page_states_why_the_arms_differ_with_predicted_explained_and_cause(
 
 
 def test_the_why_block_of_an_undeclared_arm_makes_no_claim_about_its_model(tmp_path):
-    from alibi.kernels import register
+    from alibi.kernels.registry import register
     from test_undeclared_epilogue import Undeclared
 
     register("test-undeclared-html", Undeclared)

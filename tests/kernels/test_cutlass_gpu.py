@@ -163,7 +163,7 @@ def test_every_mainloop_configuration_gives_the_same_bits(path):
 def test_cutlass_picks_the_sm90_path_on_hopper_and_reports_it_in_evidence():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
     from alibi.tiles.tile import Tile
 
     a, s_a, w, s_w, _ = _operands(16, 64, 64, seed=0)

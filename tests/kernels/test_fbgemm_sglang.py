@@ -14,8 +14,8 @@ from alibi.errors import KernelUnavailable
 from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bitwise_equal_mask
 from alibi.kernels import fbgemm as F
-from alibi.kernels import get_kernel
 from alibi.kernels import sglang as S
+from alibi.kernels.registry import get_kernel
 from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
 
 

@@ -158,7 +158,7 @@ PROBE_CASES = [(name, M, N, K, with_bias)
 
 @pytest.mark.parametrize("name,M,N,K,with_bias", PROBE_CASES)
 def test_fp8_kernel_equals_its_declared_model_and_no_other_on_exact_probe_operands(name, M, N, K, with_bias):
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     kernel = get_kernel(name)
     ok, reason = kernel.available()

@@ -1,6 +1,6 @@
 """The kernel contract: every registered kernel gives its declared epilogue model's bits on one shared grid.
 
-One test, parametrized over every name `alibi.kernels.kernel_names()` lists (built-ins, the positive controls
+One test, parametrized over every name `alibi.kernels.registry.kernel_names()` lists (built-ins, the positive controls
 and the kernels installed packages register under the `alibi.kernels` entry points) × one grid of cells. A
 cell is a tile (M = 1, ragged odd N and K, the exposing tiles of `alibi.tiles.exposing`: the epilogue probe whose
 scales make the scale orders disagree, partial sums beyond 2²⁴, subnormal outputs), a bias (none, one in the
@@ -41,9 +41,9 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, is_subnormal
-from alibi.kernels import Kernel, get_kernel, kernel_names
-from alibi.kernels.base import private_copy
+from alibi.kernels.base import Kernel, private_copy
 from alibi.kernels.mutants import FAULTS, round_toward_zero
+from alibi.kernels.registry import get_kernel, kernel_names
 from alibi.tiles.exposing import exposing_tile
 from alibi.tiles.tile import Tile
 
@@ -135,13 +135,13 @@ def kernel_named(name: str) -> Kernel:
 
 
 def registered_by_a_test(name: str) -> bool:
-    """A kernel some test module registered in this process as a fixture of its own (`alibi.kernels.register`,
+    """A kernel some test module registered in this process as a fixture of its own (`alibi.kernels.registry.register`,
     e.g. the HTML tests' deliberately faulty one): defined under tests/, so not one the package ships."""
     import inspect
 
-    from alibi import kernels
+    from alibi.kernels import registry
 
-    factory = kernels._EXTRA.get(name)
+    factory = registry._EXTRA.get(name)
     source = inspect.getsourcefile(factory) if factory is not None else None
     return source is not None and Path(source).resolve().is_relative_to(Path(__file__).resolve().parents[1])
 

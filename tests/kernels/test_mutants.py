@@ -29,7 +29,6 @@ from alibi.exact.numerics import (
     is_subnormal,
     max_ulp_distance,
 )
-from alibi.kernels import get_kernel
 from alibi.kernels.mutants import (
     FAULTS,
     SMALL_M,
@@ -40,6 +39,7 @@ from alibi.kernels.mutants import (
     round_toward_zero,
     saturating_pair_accumulator,
 )
+from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import TruncatingTritonKernel
 from alibi.tiles.exposing import (
     EXPOSING_TILES,

@@ -45,7 +45,7 @@ def installed_plugin(tmp_path, monkeypatch):
 
 
 def test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform(installed_plugin):
-    from alibi.kernels import get_kernel, kernel_names
+    from alibi.kernels.registry import get_kernel, kernel_names
     from alibi.testing import assert_interchangeable
 
     assert {"acme-int8", "acme-broken"} <= set(kernel_names())
@@ -56,11 +56,11 @@ def test_an_entry_point_kernel_is_listed_loaded_and_runs_through_conform(install
 
 
 def test_an_entry_point_that_does_not_return_a_kernel_is_unavailable_naming_it(installed_plugin):
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     kernel = get_kernel("acme-broken")
     ok, reason = kernel.available()
-    assert not ok and "acme-broken = 'acme_kernels:not_a_kernel' returned object, not an alibi.kernels.Kernel" in reason
+    assert not ok and "acme-broken = 'acme_kernels:not_a_kernel' returned object, not an alibi.kernels.base.Kernel" in reason
     with pytest.raises(KernelUnavailable, match="acme-broken"):
         kernel.require_available()
 

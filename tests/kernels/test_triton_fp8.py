@@ -16,7 +16,7 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import VLLM_TRITON, apply_epilogue
 from alibi.exact.numerics import bits, bitwise_equal
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import interpreted
 from alibi.tiles.tile import Tile
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from alibi.exact.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, bitwise_equal, max_ulp_distance, ulp_distance
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import (
     block_config,
     interpreted,
@@ -108,7 +108,7 @@ def test_kernel_works_under_the_interpreter_even_when_triton_was_imported_before
     code = """if True:
         import triton, torch
         from alibi.exact.emulator import VLLM_TRITON, apply_epilogue, exact_accumulator
-        from alibi.kernels import get_kernel
+        from alibi.kernels.registry import get_kernel
         a = torch.randint(-128, 128, (3, 40), dtype=torch.int8); w = torch.randint(-128, 128, (5, 40), dtype=torch.int8)
         s_a, s_w = torch.rand(3) + 0.5, torch.rand(5) * 1e-3
         out = get_kernel("triton").scaled_mm(a, s_a, w, s_w)
@@ -125,7 +125,7 @@ def test_without_triton_the_kernels_import_and_say_why_they_are_unavailable():
     code = """if True:
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
-        from alibi.kernels import get_kernel
+        from alibi.kernels.registry import get_kernel
         for name in ("triton", "triton-fp8", "mutant:truncate-cast:triton"):
             ok, reason = get_kernel(name).available()
             assert not ok and "triton is not importable" in reason, (name, reason)

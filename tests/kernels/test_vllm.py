@@ -30,9 +30,9 @@ from alibi.exact.emulator import (
 )
 from alibi.exact.numerics import bitwise_equal_mask
 from alibi.identify import identify
-from alibi.kernels import get_kernel
 from alibi.kernels import vllm as V
 from alibi.kernels.base import Kernel
+from alibi.kernels.registry import get_kernel
 from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
 from alibi.tiles.synthetic import synthetic_tiles
 

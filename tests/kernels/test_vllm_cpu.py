@@ -21,7 +21,7 @@ from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulato
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.exact.quant import quantize_per_token, quantize_per_token_vllm_cpu  # noqa: E402
 from alibi.identify import identify  # noqa: E402
-from alibi.kernels import get_kernel  # noqa: E402
+from alibi.kernels.registry import get_kernel  # noqa: E402
 from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 
 

@@ -10,8 +10,8 @@ import torch
 from alibi.exact.emulator import EpilogueModel
 from alibi.exact.quant import quantize_per_token, quantize_weight_per_channel
 from alibi.io import atomic
-from alibi.kernels import register
 from alibi.kernels.cpu import EmulatorKernel, TorchCpuKernel
+from alibi.kernels.registry import register
 from alibi.model.checkpoint import write_checkpoint
 from alibi.model.compressed_tensors import quantize_dense
 from alibi.model.runner import W8A8Linear
@@ -109,7 +109,7 @@ def test_a_kernel_and_the_emulator_of_its_declared_epilogue_give_identical_logit
     from alibi.model.runner import load_model
 
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(4))
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     order = get_kernel("torch-cpu").epilogue.order  # the emulator running torch-cpu's declared epilogue
     a = load_model(tiny_w8a8 / "w8a8", f"emulator:{order}")

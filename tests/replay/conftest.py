@@ -37,10 +37,10 @@ class ReferenceKernel(Reference):
 @pytest.fixture(scope="session", autouse=True)
 def test_kernels():
     """Register the in-process test kernels (library calls only: fresh processes do not see them)."""
-    from alibi import kernels
+    from alibi.kernels import registry
 
-    kernels.register(UlpUpAtDecode.name, UlpUpAtDecode)
-    kernels.register(ReferenceKernel.name, ReferenceKernel)
+    registry.register(UlpUpAtDecode.name, UlpUpAtDecode)
+    registry.register(ReferenceKernel.name, ReferenceKernel)
     yield
 
 

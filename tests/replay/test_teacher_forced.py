@@ -78,9 +78,9 @@ def test_pow2_scales_make_both_epilogue_orders_give_bitwise_identical_logits_at_
 def test_a_kernel_one_ulp_off_in_every_gemm_changes_the_logits(tiny, tmp_path):
     from faulty_kernels import OneUlpUp
 
-    from alibi import kernels
+    from alibi.kernels import registry
 
-    kernels.register("test:one-ulp-up", OneUlpUp)
+    registry.register("test:one-ulp-up", OneUlpUp)
     a = _arm(tiny, tmp_path / "a", "test:reference", windows=1)
     b = _arm(tiny, tmp_path / "b", "test:one-ulp-up", windows=1)
     assert sum(x.logits_sha256 != y.logits_sha256 for x, y in zip(a.records, b.records)) > 0
@@ -109,7 +109,7 @@ def test_arms_on_another_checkpoint_prompt_set_or_span_fail_the_contract_naming_
 def test_a_kernel_that_produces_nan_is_refused_naming_the_position_and_nothing_is_written(tiny, tmp_path):
     from faulty_kernels import Reference
 
-    from alibi import kernels
+    from alibi.kernels import registry
     from alibi.errors import InputError
 
     class NanKernel(Reference):
@@ -118,7 +118,7 @@ def test_a_kernel_that_produces_nan_is_refused_naming_the_position_and_nothing_i
         def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
             return torch.full((a_q.shape[0], w_q.shape[0]), float("nan"), dtype=out_dtype)
 
-    kernels.register(NanKernel.name, NanKernel)
+    registry.register(NanKernel.name, NanKernel)
     with pytest.raises(InputError, match=r"window 0 position 20: test:nan produced non-finite logits"):
         _arm(tiny, tmp_path / "a", NanKernel.name, windows=1)
     assert list(tmp_path.iterdir()) == []

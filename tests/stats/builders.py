@@ -12,7 +12,7 @@ from alibi.governance.manifest import (
     treatment_of,
     write_manifest,
 )
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 from alibi.replay.records import ArmRecords, TokenRecord, write_records
 
 KERNEL_A = "emulator:w_then_a"

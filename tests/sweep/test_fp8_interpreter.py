@@ -25,7 +25,7 @@ REFERENCE = "fp8-sequential:a_then_w+add_after_cast"  # the epilogue triton-fp8 
 
 @pytest.fixture(scope="module")
 def fp8_arms():
-    from alibi.kernels import get_kernel
+    from alibi.kernels.registry import get_kernel
 
     ok, reason = get_kernel("triton-fp8").available()
     if not ok:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from alibi.bench import INT_MM, default_cases
 from alibi.cli import main
+from alibi.kernels.bench import INT_MM, default_cases
 
 
 def test_default_cases_are_the_issue_shapes():
@@ -51,8 +51,8 @@ def test_the_int_mm_baseline_pads_once_before_timing_and_still_gives_the_exact_a
     """Guards: at M ≤ 16 the baseline's timed call included a padding kernel (F.pad inside int_mm_padded)."""
     import torch
 
-    from alibi.bench import prepare_int_mm
     from alibi.exact.emulator import exact_accumulator
+    from alibi.kernels.bench import prepare_int_mm
 
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, (3, 37), dtype=torch.int8, generator=g)  # M ≤ 16, K and N not multiples of 8
@@ -70,7 +70,7 @@ def test_the_int_mm_baseline_pads_once_before_timing_and_still_gives_the_exact_a
 
 
 def test_cold_l2_rotates_over_copies_holding_at_least_twice_the_l2():
-    from alibi.bench import rotation_count
+    from alibi.kernels.bench import rotation_count
 
     MiB = 2**20
     assert rotation_count(16 * MiB, 60 * MiB, "warm") == 1
@@ -82,7 +82,7 @@ def test_cold_l2_rotates_over_copies_holding_at_least_twice_the_l2():
 
 
 def test_rounds_are_interleaved_in_a_rotated_order_and_the_rotation_calls_each_copy_once():
-    from alibi.bench import interleaved, rotating
+    from alibi.kernels.bench import interleaved, rotating
 
     order = []
     rounds = interleaved({"a": None, "b": None, "c": None}, 3, lambda name, fn: order.append(name) or len(order))
@@ -94,7 +94,7 @@ def test_rounds_are_interleaved_in_a_rotated_order_and_the_rotation_calls_each_c
 
 
 def test_the_median_and_spread_of_rounds():
-    from alibi.bench import median_and_spread
+    from alibi.kernels.bench import median_and_spread
 
     assert median_and_spread([3.0, 1.0, 2.0]) == (2.0, (1.0, 3.0))
     assert median_and_spread([4.0, 1.0, 2.0, 3.0]) == (2.5, (1.0, 4.0))
@@ -104,7 +104,7 @@ def test_the_median_and_spread_of_rounds():
 def test_without_cuda_every_kernel_is_listed_unavailable_in_every_l2_mode():
     import torch
 
-    from alibi.bench import Case, format_table, run_bench
+    from alibi.kernels.bench import Case, format_table, run_bench
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
@@ -117,7 +117,7 @@ def test_without_cuda_every_kernel_is_listed_unavailable_in_every_l2_mode():
 
 
 def test_the_table_shows_graph_and_eager_side_by_side_with_their_spread():
-    from alibi.bench import format_table
+    from alibi.kernels.bench import format_table
 
     row = {"fmt": "int8", "M": 1, "N": 4096, "K": 4096, "l2": "cold", "kernel": "cutlass", "status": "ok",
            "reason": "", "graph_tops": 5.8, "eager_tops": 1.2, "ratios": {INT_MM: 2.14}, "graph_ms": 0.0058,
@@ -132,7 +132,7 @@ def test_the_measuring_loop_runs_on_cpu_kernels_with_a_fake_clock(monkeypatch):
     counts (eager: 2 ms per timed call, graph: 1 ms), so the rows' arithmetic can be checked exactly."""
     import torch
 
-    from alibi import bench
+    from alibi.kernels import bench
 
     calls = {"n": 0}
 

@@ -53,7 +53,7 @@ import torch
 
 from alibi.errors import KernelUnavailable
 from alibi.io import atomic
-from alibi.kernels import get_kernel
+from alibi.kernels.registry import get_kernel
 
 # vLLM's own kernels run wherever their op library / Triton file is found (alibi/kernels/vllm.py), so the
 # project's kernels are measured against the engine's in one process; elsewhere they are rows with the reason.

@@ -60,11 +60,11 @@ def did_you_mean(name: str, known: list[str]) -> str:
 
 def check_kernel_name(name: str | None, option: str) -> None:
     """InputError naming `option` when `name` is neither a built-in, a plugin, nor of a parsed family (the
-    family's own parser judges the rest later). Kernels registered at run time (`alibi.kernels.register`) exist
-    only once `alibi.kernels` is imported; then `get_kernel` is the judge and this says nothing."""
+    family's own parser judges the rest later). Kernels registered at run time (`alibi.kernels.registry.register`)
+    exist only once `alibi.kernels.registry` is imported; then `get_kernel` is the judge and this says nothing."""
     import sys
 
-    if name is None or "alibi.kernels" in sys.modules or name.startswith(PATTERN_PREFIXES):
+    if name is None or "alibi.kernels.registry" in sys.modules or name.startswith(PATTERN_PREFIXES):
         return
     plugins = plugin_entry_points()
     if name in BUILTIN or name in plugins:
