@@ -11,6 +11,8 @@ Modules (one concept each):
 - `prepare`: `alibi model prepare` (GGUF → bf16 and W8A8 checkpoints with manifests);
 - `wikitext`, `prompts`: plain text from a MediaWiki dump; pinned prompt sets;
 - `runner`: transformers models whose quantized Linears call an alibi kernel;
+- `trace`: a digest of every module's output per forward call, batch row and position, and the first
+  module where two traces part (`first_divergence`);
 - `capture`: operand recording as tiles, and its overhead benchmark;
 - `predictions`: the per-layer headroom prediction list of a capture, with its digest;
 - `evaluate`: perplexity and greedy continuations;

@@ -127,7 +127,7 @@ class LoadedModel:
         The prompts are equally long, so they batch without padding or attention mask: row b of
         every GEMM is prompt b, and batching changes only M (B·T at prefill, B at each decode
         step). Each row's next token is the argmax of its own fp32 logits, as in `greedy`.
-        logit_digests: when a list, each step appends the digest (`alibi.replay.hooks.row_digests`)
+        logit_digests: when a list, each step appends the digest (`alibi.model.trace.row_digests`)
         of every row's fp32 logits [B], so two runs can be compared bit for bit at every step.
         """
         if new_tokens < 1:
@@ -139,7 +139,7 @@ class LoadedModel:
         while True:
             last = out.logits[:, -1].float()
             if logit_digests is not None:
-                from alibi.replay.hooks import row_digests
+                from alibi.model.trace import row_digests
 
                 logit_digests.append(row_digests(last[:, None])[:, 0])
             nxt = last.argmax(dim=-1, keepdim=True)

@@ -64,7 +64,7 @@ class GreedyRun:
     (1, 2, ...); prompt_tokens: T; new_tokens: G; batch_size: B; windows: the window indices,
     in order; prompt_sha256: `window_sha256` of each prompt's T token ids; sequences: the G chosen
     ids per prompt; seconds: wall time of the generation alone (model load excluded);
-    logit_digests: per prompt, the digest (16 hex digits, `alibi.replay.hooks.row_digests`) of the
+    logit_digests: per prompt, the digest (16 hex digits, `alibi.model.trace.row_digests`) of the
     fp32 logit row each token was chosen from, so two runs compare bit for bit at every step (None
     in a v1 file).
     """
@@ -348,7 +348,7 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                       f"batch {batch_size}")
     from contextlib import nullcontext
 
-    from alibi.replay.hooks import ModuleTrace
+    from alibi.model.trace import ModuleTrace
 
     start = time.perf_counter()
     with ModuleTrace(lm) if trace else nullcontext() as recorder:

@@ -9,7 +9,7 @@ compare directly. It reports
 - the logits: every step's fp32 logit row, bit for bit through its digest, while the two sequences
   agree (after they part, the two rows no longer see the same inputs);
 - with a trace in both folders (`--trace`): the first module whose output differs, by the earliest
-  position and then execution order (`alibi.replay.hooks.first_divergence`), with the forward call
+  position and then execution order (`alibi.model.trace.first_divergence`), with the forward call
   of each run that computed it and whether it is a W8A8 Linear (the kernel) or the runner's own
   arithmetic.
 """
@@ -70,8 +70,8 @@ class LocateResult:
 
 
 def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:
+    from alibi.model.trace import first_divergence
     from alibi.replay.greedy import TRACE_FILE, logit_row_agreement, read_run
-    from alibi.replay.hooks import first_divergence
     from alibi.replay.variations import load_execution
 
     a, b = read_run(run_a), read_run(run_b)

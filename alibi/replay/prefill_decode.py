@@ -11,7 +11,7 @@ with the regime. Per window of the prompt set, tokens 0 … T+P−1 are run
 
 and the output rows at positions T … T+P−1 (the rows decode computes one token at a time; row t
 predicts token t+1) are compared bit for bit: the fp32 logits, and
-the digest of every module's output row at that position (`alibi.replay.hooks.ModuleTrace`, the
+the digest of every module's output row at that position (`alibi.model.trace.ModuleTrace`, the
 same trace `alibi locate` and `alibi variations` compare). The first module in execution order whose row
 differs in any bit is where the two regimes part for that position. Modules mix positions only in
 the attention core, so a row can differ there because an earlier position's keys or values
@@ -37,7 +37,7 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.numerics import bits
 from alibi.io.progress import Progress
-from alibi.replay.hooks import ModuleTrace
+from alibi.model.trace import ModuleTrace
 from alibi.replay.setup import Span
 
 SCHEMA = "alibi-prefill-decode/v1"

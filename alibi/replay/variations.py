@@ -6,7 +6,7 @@ positions across executions that vary batch composition, prompt chunking, prefil
 and KV-cache reuse. `certify_variations` runs one model and kernel through pairs of executions
 that differ in exactly one of these, compares the fp32 logit rows of positions T … T+P−1 of every
 prompt bit for bit, and, for a pair that differs, names the first diverging module from the two
-runs' traces (`alibi.replay.hooks.first_divergence`) and whether it is a W8A8 Linear — a kernel
+runs' traces (`alibi.model.trace.first_divergence`) and whether it is a W8A8 Linear — a kernel
 that is not M-invariant — or the runner's own arithmetic.
 
 Executions (each over the first T+P tokens of N prompt windows, teacher-forced, every row traced):
@@ -41,7 +41,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.io.progress import Progress
-from alibi.replay.hooks import Divergence, ModuleTrace, first_divergence, row_digests
+from alibi.model.trace import Divergence, ModuleTrace, first_divergence, row_digests
 
 SCHEMA = "alibi-variations/v1"
 RESULT_FILE = "variations.json"
@@ -176,7 +176,7 @@ def save_execution(ex: Execution, path: Path) -> None:
 
 
 def load_execution(path: Path, lm=None) -> Execution:
-    from alibi.replay.hooks import Call
+    from alibi.model.trace import Call
 
     try:
         doc = torch.load(path, weights_only=True)

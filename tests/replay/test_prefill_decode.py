@@ -74,7 +74,7 @@ def test_a_decode_only_kernel_fault_is_attributed_to_the_first_quantized_linear_
 def test_recording_every_module_changes_no_bit_of_either_regime(tiny):
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model
-    from alibi.replay.hooks import ModuleTrace
+    from alibi.model.trace import ModuleTrace
 
     lm = load_model(tiny / "w8a8", "torch-cpu")
     ids = load_prompt_set(tiny / "set").input_ids[1, :30]
@@ -90,7 +90,7 @@ def test_the_attention_function_is_restored_after_recording(tiny):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from alibi.model.runner import load_model
-    from alibi.replay.hooks import ModuleTrace
+    from alibi.model.trace import ModuleTrace
 
     lm = load_model(tiny / "w8a8", "torch-cpu")
     impl = lm.model.config._attn_implementation
