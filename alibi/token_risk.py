@@ -74,8 +74,8 @@ def check_bound(bound: Any, where: str = "--flip-threshold") -> float:
 
 def load_replay(path: str | os.PathLike, bound: float = DEFAULT_FLIP_THRESHOLD) -> ReplayEvidence:
     """Read `path` (a flips.json, or the folder holding one) through `FlipAnalysis.from_json`."""
-    from alibi.stats.steps import ALIBI_SHAPE
-    from alibi.stats.flips import FLIPS_FILE, FlipAnalysis
+    from alibi.tokens.flips import FLIPS_FILE, FlipAnalysis
+    from alibi.tokens.steps import ALIBI_SHAPE
 
     bound = check_bound(bound)
     p = Path(path)

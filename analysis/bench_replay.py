@@ -3,7 +3,7 @@
 In one process, on one model and kernel, over the same windows of a prompt set:
 
 - *forward*: `LoadedModel.logits` of tokens 0 … T+P−1 of each window (what any evaluation pays);
-- *replay*: `alibi.replay.teacher_forced.replay_windows` over the same tokens — the same forward
+- *replay*: `alibi.tokens.teacher_forced.replay_windows` over the same tokens — the same forward
   plus scoring the P rows (log-softmax, top-1/top-2, margin), moving them to the host and the
   sha256 of every scored fp32 logit row.
 
@@ -34,8 +34,8 @@ from alibi.governance.environment import environment_record
 from alibi.io import atomic
 from alibi.model.prompts import load_prompt_set
 from alibi.model.runner import load_model
-from alibi.replay.setup import resolve_span
-from alibi.replay.teacher_forced import RowHasher, replay_windows
+from alibi.tokens.setup import resolve_span
+from alibi.tokens.teacher_forced import RowHasher, replay_windows
 
 GOAL_RATIO = 1.2
 

@@ -248,12 +248,12 @@ FIXES: tuple[Fix, ...] = (
     # use): each is held against HEAD's code with the arm, or the pair, written straight into --out instead.
     Fix("35fc8d3", "issue 26 #2: every kill point of replay teacher-forced recoverable (the arm)", before="HEAD",
         only=_REPLAY_KILL[:2], mutations=(Mutation(
-            "alibi/replay/teacher_forced.py", "    with atomic.staged_dir(out) as stage:\n        write_records(",
+            "alibi/tokens/teacher_forced.py", "    with atomic.staged_dir(out) as stage:\n        write_records(",
             "    if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n        write_records(",
             "an arm written straight into --out"),)),
     Fix("35fc8d3", "issue 26 #2: every kill point of replay teacher-forced recoverable (the pair)", before="HEAD",
         only=_REPLAY_KILL[2:], mutations=(Mutation(
-            "alibi/replay/teacher_forced.py", "        with atomic.staged_dir(out) as stage:\n            for label",
+            "alibi/tokens/teacher_forced.py", "        with atomic.staged_dir(out) as stage:\n            for label",
             "        if (stage := Path(out)).mkdir(parents=True, exist_ok=True) is None:\n            for label",
             "the pair written straight into --out"),)),
     Fix("247c985", "issue 26 #9: every committed result tied to a commit by a manifest, or registered as not",

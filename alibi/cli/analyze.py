@@ -1,4 +1,4 @@
-"""`alibi analyze flips|depth`: statistics over replay arms and depth sweeps (thin over `alibi.stats`)."""
+"""`alibi analyze flips|depth`: statistics over replay arms and depth sweeps (thin over `alibi.tokens.flips` and `alibi.sweep.depth_fits`)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.stats.flips import (
+    from alibi.tokens.flips import (
         DEFAULT_BOOTSTRAP,
         FLIPS_FILE,
         SUMMARY_FILE,

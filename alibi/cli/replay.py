@@ -1,4 +1,4 @@
-"""`alibi replay teacher-forced|greedy|prefill-vs-decode`: from layer differences to tokens (thin over `alibi.replay`)."""
+"""`alibi replay teacher-forced|greedy|prefill-vs-decode`: from layer differences to tokens (thin over `alibi.tokens`)."""
 
 from __future__ import annotations
 
@@ -88,20 +88,20 @@ def teacher_forced(args: argparse.Namespace) -> int:
                              "record a protocol yet: run it without --prereg")
         return _teacher_forced_vllm(args, pair)
     if pair:
-        from alibi.replay.teacher_forced import run_pair
+        from alibi.tokens.teacher_forced import run_pair
 
         code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
                         windows=args.windows, context=args.context, positions=args.positions, device=args.device,
                         overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic,
                         prereg=args.prereg)
         if code == 0:
-            from alibi.stats.flips import read_flips
+            from alibi.tokens.flips import read_flips
 
             fa = read_flips(args.out / "flips")
             print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b): {fa.n_flips} flips in "
                   f"{fa.n_positions} positions; {args.out / 'flips'}")
         return code
-    from alibi.replay.teacher_forced import run_teacher_forced
+    from alibi.tokens.teacher_forced import run_teacher_forced
 
     arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                              context=args.context, positions=args.positions, arm=args.arm, device=args.device,
@@ -138,7 +138,7 @@ def _teacher_forced_vllm(args: argparse.Namespace, pair: bool) -> int:
 def greedy(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
     from alibi.io.progress import progress
-    from alibi.replay import greedy as lib
+    from alibi.tokens import greedy as lib
 
     if args.kernel_a is not None or args.kernel_b is not None:
         if args.kernel is not None or args.arm is not None:
@@ -174,7 +174,7 @@ def greedy(args: argparse.Namespace) -> int:
 def _greedy_vllm(args: argparse.Namespace) -> int:
     from alibi.engine.vllm_runs import greedy_agreement_with_vllm
     from alibi.errors import InputError
-    from alibi.replay.greedy import summary_lines
+    from alibi.tokens.greedy import summary_lines
 
     if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1:
         raise InputError("--device, --nondeterministic, --trace and --batch-size configure the own runner; --engine "
@@ -190,7 +190,7 @@ def _greedy_vllm(args: argparse.Namespace) -> int:
 
 def prefill_vs_decode(args: argparse.Namespace) -> int:
     from alibi.io.progress import progress
-    from alibi.replay.prefill_decode import run_prefill_vs_decode, summary_lines
+    from alibi.tokens.prefill_decode import run_prefill_vs_decode, summary_lines
 
     result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                                    context=args.context, positions=args.positions, device=args.device,

@@ -1,5 +1,5 @@
 """`alibi variations` and `alibi locate`: is the model run invariant to how it is scheduled, and where
-do two runs part (thin over `alibi.replay.variations` and `alibi.replay.locate`)."""
+do two runs part (thin over `alibi.tokens.variations` and `alibi.tokens.locate`)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def variations(args: argparse.Namespace) -> int:
     from alibi.errors import InputError
+    from alibi.html import write_report_html
     from alibi.io.progress import progress
-    from alibi.replay import variations as lib
+    from alibi.tokens import variations as lib
 
     if args.execution is not None:
         if args.execution_out is None:
@@ -64,7 +65,8 @@ def variations(args: argparse.Namespace) -> int:
                                 context=args.context, positions=args.positions, batch_sizes=args.batch_sizes,
                                 chunk=args.chunk, device=args.device, deterministic=not args.nondeterministic,
                                 restart=not args.no_restart, overwrite=args.overwrite,
-                                progress=progress("variations", quiet=args.quiet, unit="execution"))
+                                progress=progress("variations", quiet=args.quiet, unit="execution"),
+                                pages=write_report_html)
     for line in lib.summary_lines(report):
         print(line)
     return 0 if report.holds else 1
@@ -72,11 +74,11 @@ def variations(args: argparse.Namespace) -> int:
 
 def locate(args: argparse.Namespace) -> int:
     from alibi.io import atomic
-    from alibi.replay import locate as lib
+    from alibi.tokens import locate as lib
 
     result = lib.locate(args.run_a, args.run_b)
     if args.out is not None:
-        from alibi.replay.setup import check_output
+        from alibi.tokens.setup import check_output
 
         check_output(args.out, {"run_a": args.run_a, "run_b": args.run_b}, overwrite=False)
         with atomic.staged_dir(args.out) as stage:

@@ -77,7 +77,7 @@ def run_engine(model_dir: str | os.PathLike, prompts: list[list[int]], mode: str
     """Run one offline engine in a fresh child process (see the module docstring); RuntimeError naming the
     log's last lines when it fails."""
     from alibi.engine import vllm_plugin
-    from alibi.replay.teacher_forced import child_env
+    from alibi.tokens.teacher_forced import child_env
 
     env = child_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -163,7 +163,7 @@ def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLi
     tiles (one per W8A8 Linear call, vLLM's layer names) and a `capture` manifest to `out`, atomically."""
     from alibi.io import atomic
     from alibi.model.capture import require_quantized
-    from alibi.replay.setup import open_inputs
+    from alibi.tokens.setup import open_inputs
 
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
@@ -243,7 +243,7 @@ def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
 def records_from_prompt_logprobs(window: int, ids, rows, context: int, positions: int):
     """TokenRecords of one window from vLLM's prompt_logprobs rows (one per fed token; row p: {id: logprob});
     `ids`: the whole window (its digest is the record's `prompt_sha256`, as in the own runner)."""
-    from alibi.replay.records import TokenRecord, window_sha256
+    from alibi.tokens.records import TokenRecord, window_sha256
 
     out = []
     sha = window_sha256(ids)
@@ -269,8 +269,8 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
     kernel: an alibi kernel the plugin swaps in for every W8A8 Linear, or None / `vllm` for vLLM's own."""
     from alibi.governance.manifest import build_predicate, write_manifest
     from alibi.io import atomic
-    from alibi.replay.records import ArmRecords, write_records
-    from alibi.replay.setup import check_output, load_prompts, open_inputs, resolve_span
+    from alibi.tokens.records import ArmRecords, write_records
+    from alibi.tokens.setup import check_output, load_prompts, open_inputs, resolve_span
 
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
@@ -315,16 +315,16 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
 def greedy_run_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                          kernel: str | None, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                          arm: str | None = None, run_index: int = 1, overwrite: bool = False):
-    """One greedy run of one arm inside a fresh vLLM engine into `out` (run.json as `alibi.replay.greedy.GreedyRun`,
+    """One greedy run of one arm inside a fresh vLLM engine into `out` (run.json as `alibi.tokens.greedy.GreedyRun`,
     engine.log, manifest.json). vLLM batches the prompts itself (one `generate` call, continuous batching), so
     `batch_size` is the number of prompts; `logit_digests` is None (vLLM does not hand out its logit rows)."""
     import time
 
     from alibi.governance.manifest import build_predicate, write_manifest
     from alibi.io import atomic
-    from alibi.replay.greedy import RUN_FILE, GreedyRun, resolve_greedy
-    from alibi.replay.records import window_sha256
-    from alibi.replay.setup import check_output, load_prompts, open_inputs
+    from alibi.tokens.greedy import RUN_FILE, GreedyRun, resolve_greedy
+    from alibi.tokens.records import window_sha256
+    from alibi.tokens.setup import check_output, load_prompts, open_inputs
 
     prompts = load_prompts(prompts_dir)
     chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, 1, str(prompts_dir), None)
@@ -367,12 +367,12 @@ def greedy_agreement_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | 
                                *, kernel_a: str, kernel_b: str, prompt_tokens: int, new_tokens: int,
                                windows: int | None = None, runs: int = 2, overwrite: bool = False):
     """Both arms inside vLLM, every run a cold engine start (a-1, b-1, a-2, b-2, …), compared as the own runner's
-    `alibi replay greedy` compares them (`alibi.replay.greedy.compare_runs`, greedy.json + manifest.json)."""
+    `alibi replay greedy` compares them (`alibi.tokens.greedy.compare_runs`, greedy.json + manifest.json)."""
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
-    from alibi.replay.greedy import RESULT_FILE, compare_runs, read_run, resolve_greedy
-    from alibi.replay.setup import check_output, combined_predicate, load_prompts
+    from alibi.tokens.greedy import RESULT_FILE, compare_runs, read_run, resolve_greedy
+    from alibi.tokens.setup import check_output, combined_predicate, load_prompts
 
     if runs < 1:
         raise InputError(f"--runs {runs}: must be at least 1 (2 shows that each arm reproduces itself)")
@@ -412,11 +412,11 @@ def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    kernel_a: str, kernel_b: str, windows: int | None = None, context: int | None = None,
                    positions: int | None = None, overwrite: bool = False, quiet: bool = False) -> int:
     """Both arms inside vLLM, each its own fresh engine process (`OUT/arm-a`, `OUT/arm-b`), then the flip
-    analysis into `OUT/flips`, laid out as the own runner's pair (`alibi.replay.teacher_forced.run_pair`)."""
+    analysis into `OUT/flips`, laid out as the own runner's pair (`alibi.tokens.teacher_forced.run_pair`)."""
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
-    from alibi.replay.setup import check_output, combined_predicate, load_prompts, note_lines, resolve_span
-    from alibi.replay.teacher_forced import PAIR_LAYOUT, analyze_flips_in
+    from alibi.tokens.setup import check_output, combined_predicate, load_prompts, note_lines, resolve_span
+    from alibi.tokens.teacher_forced import PAIR_LAYOUT, analyze_flips_in
 
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)

@@ -222,7 +222,7 @@ PY
     echo; echo "== teacher-forced torchao-int8 vs vllm-cutlass (SmolLM2 W8A8, real scales)"
     python - "$fl" <<'PY'
 import sys
-from alibi.stats.flips import FlipAnalysis
+from alibi.tokens.flips import FlipAnalysis
 f = FlipAnalysis.from_json(open(sys.argv[1]).read(), sys.argv[1])
 print(f"  positions {f.n_positions}, flips {f.n_flips} (rate {f.flip_rate:.4f}), logits identical "
       f"{f.logits_identical}/{f.logits_compared}, margin ROC-AUC {f.roc_auc} CI90 {f.roc_auc_ci90}")

@@ -130,12 +130,12 @@ def test_captured_tiles_conform_and_name_vllms_cpu_kernel_faults_on_this_cpu(cap
 def test_the_two_vllm_arms_differ_only_in_the_kernel_and_join_in_the_flip_analysis(pair):
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import read_manifest, verify_files
-    from alibi.replay.records import read_records
+    from alibi.tokens.records import read_records
 
     a, b = read_records(pair / "arm-a"), read_records(pair / "arm-b")
     assert (a.kernel, b.kernel) == ("vllm-cpu-onednn", SWAPPED)
     from alibi.model.prompts import load_prompt_set
-    from alibi.replay.records import window_sha256
+    from alibi.tokens.records import window_sha256
 
     # the whole window's digest, as the own runner records it, so a vLLM arm joins an own-runner arm
     assert a.records[0].prompt_sha256 == window_sha256(load_prompt_set(PROMPTS).input_ids[0])
@@ -154,7 +154,7 @@ def test_the_two_vllm_arms_differ_only_in_the_kernel_and_join_in_the_flip_analys
 @pytest.mark.parametrize("label,kernel", [("a", "vllm"), ("b", SWAPPED)])
 def test_each_vllm_arm_reproduces_itself_from_a_cold_start(pair, model, tmp_path, label, kernel):
     from alibi.engine.vllm_runs import teacher_forced_with_vllm
-    from alibi.replay.records import read_records
+    from alibi.tokens.records import read_records
 
     again = teacher_forced_with_vllm(model, PROMPTS, tmp_path / "again", kernel=kernel, arm=label, **SPAN)
     assert again.records == read_records(pair / f"arm-{label}").records

@@ -43,7 +43,7 @@ def serve_and_ask(model: Path, log_path: Path, capture_dir: Path | None) -> list
     """Start `vllm serve` on 127.0.0.1, send PROMPTS (greedy, 8 tokens each), stop it; the answers' texts."""
     from openai import OpenAI
 
-    from alibi.replay.teacher_forced import child_env
+    from alibi.tokens.teacher_forced import child_env
 
     env = child_env()
     env["VLLM_CPU_KVCACHE_SPACE"] = "2"

@@ -17,10 +17,10 @@ from browser import NO_CHROMIUM, chromium, probe
 from alibi.cli import main
 from alibi.html import render_folder
 from alibi.html.sections.flips import decile_roc
-from alibi.stats.margin import MarginDecile
+from alibi.tokens.margin import MarginDecile
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests/stats/fixtures"
+FIXTURES = REPO / "tests/tokens/fixtures"
 
 
 def _pngs(html: str) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ VARIATION_FILES = ("variations.json",)
 
 
 def render_text(text: str, where: str) -> RenderedSection:
-    from alibi.replay.variations import VariationsReport
+    from alibi.tokens.variations import VariationsReport
 
     try:
         r = VariationsReport.from_json(text, where)

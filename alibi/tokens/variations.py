@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -252,7 +253,7 @@ def certify_variations(lm, ids: torch.Tensor, windows: tuple[int, ...], context:
 
 def _child_argv(model_dir: Path, prompts_dir: Path, kernel: str | None, windows: int, context: int, positions: int,
                 batch: int, device: str | None, deterministic: bool, path: Path) -> list[str]:
-    from alibi.replay.teacher_forced import alibi_command
+    from alibi.tokens.teacher_forced import alibi_command
 
     argv = ["variations", "--model", str(model_dir), "--prompts", str(prompts_dir), "--windows", str(windows),
             "--context", str(context), "--positions", str(positions), "--execution", f"decode@{batch}",
@@ -268,7 +269,7 @@ def _child_argv(model_dir: Path, prompts_dir: Path, kernel: str | None, windows:
 
 def resolve_request(prompts, windows: int | None, context: int | None, positions: int | None,
                     batch_sizes: tuple[int, ...], chunk: int, where):
-    from alibi.replay.setup import resolve_span
+    from alibi.tokens.setup import resolve_span
 
     span = resolve_span(prompts, windows, context, positions, where)
     if any(b < 2 for b in batch_sizes):
@@ -287,16 +288,19 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    kernel: str | None, windows: int | None = None, context: int | None = None,
                    positions: int | None = None, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
                    chunk: int = DEFAULT_CHUNK, device: str | None = None, deterministic: bool = True,
-                   restart: bool = True, overwrite: bool = False,
-                   progress: Progress | None = None) -> VariationsReport:
-    """Every variation into the folder `out` (variations.json, report.md, report.html, manifest.json)."""
+                   restart: bool = True, overwrite: bool = False, progress: Progress | None = None,
+                   pages: Callable[[Path], object] | None = None) -> VariationsReport:
+    """Every variation into the folder `out` (variations.json, report.md, manifest.json).
+
+    pages: called with the staged folder once variations.json and report.md are in it, before the manifest
+    is written, so what it adds is covered too (`alibi variations` passes the HTML renderer: report.html)."""
     import tempfile
 
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
     from alibi.model.runner import load_model
-    from alibi.replay.setup import check_output, load_prompts, open_inputs, replay_predicate
-    from alibi.replay.teacher_forced import run_child
+    from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate
+    from alibi.tokens.teacher_forced import run_child
 
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     prompts = load_prompts(prompts_dir)
@@ -333,9 +337,8 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     with atomic.staged_dir(out) as stage:
         atomic.write_text(Path(stage) / RESULT_FILE, report.to_json())
         atomic.write_text(Path(stage) / REPORT_FILE, report_markdown(report))
-        from alibi.html import write_report_html
-
-        write_report_html(Path(stage))
+        if pages is not None:
+            pages(Path(stage))
         write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {
             "replay": "variations", **span.as_dict(), "batch_sizes": list(batch_sizes), "chunk": chunk,
             "cold_restart": restart}))
@@ -347,7 +350,7 @@ def run_child_execution(model_dir, prompts_dir, path: str | os.PathLike, *, kern
                         deterministic: bool) -> Execution:
     """The cold-restart side: one `decode@B` execution in this (fresh) process, saved to `path`."""
     from alibi.model.runner import load_model
-    from alibi.replay.setup import load_prompts
+    from alibi.tokens.setup import load_prompts
 
     if not execution.startswith("decode@") or not execution[7:].isdigit() or int(execution[7:]) < 1:
         raise InputError(f"--execution {execution!r}: only decode@B (B ≥ 1) runs on its own")

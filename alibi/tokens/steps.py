@@ -1,6 +1,6 @@
 """The records of one arm as every shape reads them: `Step` (one scored position) and `ArmSteps` (one arm).
 
-`alibi.stats.arms.read_arm` reads any accepted shape into these; `alibi.stats.foreign` holds the
+`alibi.tokens.arms.read_arm` reads any accepted shape into these; `alibi.tokens.foreign` holds the
 two shapes another tool publishes. The shape names are the `shape` of an `ArmSteps`.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from alibi.replay.records import SCHEMA as ALIBI_SHAPE
+from alibi.tokens.records import SCHEMA as ALIBI_SHAPE
 
 LIST_SHAPE = "per-prompt-list"
 ENVELOPE_SHAPE = "manifest-envelope"

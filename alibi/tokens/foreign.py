@@ -28,7 +28,7 @@ from typing import Any
 
 from alibi.errors import InputError
 from alibi.governance.identity import IdentityRecord, flatten
-from alibi.stats.steps import ENVELOPE_SHAPE, LIST_SHAPE, ArmSteps, Step
+from alibi.tokens.steps import ENVELOPE_SHAPE, LIST_SHAPE, ArmSteps, Step
 
 LIST_FIELDS = ("pos", "chosen_id", "chosen_lp", "top1_id", "top1_lp", "top2_lp", "margin")
 ENVELOPE_STEP_FIELDS = ("pos", "chosen_lp", "top1_id", "margin")

@@ -21,12 +21,12 @@ from test_kill import judge, kill_everywhere, rerun_removes_every_stage, stages_
 from alibi.cli import main
 from alibi.governance import prereg
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.replay.records import read_records
+from alibi.tokens.records import read_records
 
 from .conftest import needs_model_extra
 
-PRELOAD = ("alibi.replay.teacher_forced", "alibi.replay.setup", "alibi.model.runner", "alibi.model.prompts",
-           "alibi.stats.flips", "transformers")
+PRELOAD = ("alibi.tokens.teacher_forced", "alibi.tokens.setup", "alibi.model.runner", "alibi.model.prompts",
+           "alibi.tokens.flips", "transformers")
 
 
 def _protocol(tmp_path: Path) -> Path:
@@ -115,7 +115,7 @@ def test_a_teacher_forced_pair_killed_at_any_write_leaves_nothing_or_the_complet
     # the same command again, from each killed state with its stages put back, leaves the pair and no stage
     import inprocess_arms
 
-    import alibi.replay.teacher_forced as tf
+    import alibi.tokens.teacher_forced as tf
 
     monkeypatch.setattr(tf, "run_child", inprocess_arms.run_child_inprocess)
     assert rerun_removes_every_stage(states, out, argv, complete) == len(states) - 1

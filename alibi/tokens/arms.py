@@ -3,10 +3,10 @@
 Three shapes are read, each into an `ArmSteps` (the fields every shape shares):
 
 - `alibi-teacher-forced/v1`: an arm folder written by `alibi replay teacher-forced` (`records.json`
-  + `manifest.json`, see `alibi.replay.records`), or that folder's `records.json`. Joined on
+  + `manifest.json`, see `alibi.tokens.records`), or that folder's `records.json`. Joined on
   (window, position); the identity of two arms is the alibi manifest contract.
 - `per-prompt-list` and `manifest-envelope`: the two shapes another tool publishes
-  (`alibi.stats.foreign`); the types they are read into are in `alibi.stats.steps`.
+  (`alibi.tokens.foreign`); the types they are read into are in `alibi.tokens.steps`.
 
 A folder is an alibi arm; a `.json` file is told apart by its top level: an object with the alibi
 `schema` is an alibi records file, a list is the per-prompt list, an object holding `manifest` and
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest, sha256_file
-from alibi.replay.records import RECORDS_FILE
-from alibi.stats import foreign
-from alibi.stats.steps import ALIBI_SHAPE, ArmSteps, Step
+from alibi.tokens import foreign
+from alibi.tokens.records import RECORDS_FILE
+from alibi.tokens.steps import ALIBI_SHAPE, ArmSteps, Step
 
 REPLAY_KIND = "replay"
 
@@ -65,7 +65,7 @@ def read_arm(path: str | Path) -> ArmSteps:
 
 
 def _alibi_arm(given: str, records_file: Path, folder: Path, text: str | None = None) -> ArmSteps:
-    from alibi.replay.records import ArmRecords
+    from alibi.tokens.records import ArmRecords
 
     if not records_file.is_file():
         raise InputError(f"{folder}: holds no {RECORDS_FILE}; pass an arm folder written by "

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from replay.conftest import UlpUpAtDecode, needs_model_extra
+from tokens.conftest import UlpUpAtDecode, needs_model_extra
 
 from alibi.exact.numerics import bits
 from alibi.model.invariant import attention, causal_allowed, exp_nonpositive, tree_sum
@@ -94,7 +94,7 @@ def _ids(n: int = 4, length: int = 20) -> torch.Tensor:
 @needs_model_extra
 def test_the_deterministic_runner_passes_every_variation_on_the_tiny_llama(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import certify_variations
+    from alibi.tokens.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", KERNEL)
     assert lm.execution.deterministic and lm.execution.attention == "alibi_invariant:tree"
@@ -107,7 +107,7 @@ def test_the_deterministic_runner_passes_every_variation_on_the_tiny_llama(tiny)
 @needs_model_extra
 def test_the_native_cpu_attention_breaks_chunked_prefill_and_the_locator_names_the_attention_core(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import certify_variations
+    from alibi.tokens.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", KERNEL, deterministic=False)
     assert lm.execution.attention == "sdpa" and not lm.execution.deterministic_algorithms
@@ -131,7 +131,7 @@ class _TimeSeededPerturbation:
 @needs_model_extra
 def test_a_norm_made_nondeterministic_is_named_at_the_first_call(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import compare, run_execution
+    from alibi.tokens.variations import compare, run_execution
 
     lm = load_model(tiny / "w8a8", KERNEL)
     name = "model.layers.1.input_layernorm"
@@ -149,7 +149,7 @@ def test_a_norm_made_nondeterministic_is_named_at_the_first_call(tiny):
 @needs_model_extra
 def test_a_batch_variant_norm_is_named_and_not_blamed_on_the_kernel(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import certify_variations
+    from alibi.tokens.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", KERNEL)
     name = "model.layers.1.post_attention_layernorm"
@@ -172,7 +172,7 @@ def test_a_batch_variant_norm_is_named_and_not_blamed_on_the_kernel(tiny):
 @needs_model_extra
 def test_a_kernel_that_is_not_m_invariant_is_named_as_the_kernel(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import certify_variations
+    from alibi.tokens.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", UlpUpAtDecode.name)  # one ulp off at M = 1 only
     results = {r.name: r for r in certify_variations(lm, _ids(), (0, 1, 2, 3), 12, (2,), 5)}
@@ -188,8 +188,8 @@ def test_a_kernel_that_is_not_m_invariant_is_named_as_the_kernel(tiny):
 @needs_model_extra
 def test_locate_names_the_module_that_made_two_traced_greedy_runs_part(tiny, tmp_path, monkeypatch):
     from alibi.cli import main
-    from alibi.replay import greedy
-    from alibi.replay.locate import LocateResult
+    from alibi.tokens import greedy
+    from alibi.tokens.locate import LocateResult
 
     runs = []
     for i in (1, 2):
@@ -214,7 +214,7 @@ def test_locate_names_the_module_that_made_two_traced_greedy_runs_part(tiny, tmp
     greedy.run_greedy_arm(tiny / "w8a8", tiny / "set", tmp_path / "run-3", kernel=KERNEL, prompt_tokens=10,
                           new_tokens=6, batch_size=3, trace=True)
     assert main(["locate", str(runs[0]), str(tmp_path / "run-3")]) == 1
-    from alibi.replay.locate import locate
+    from alibi.tokens.locate import locate
 
     r = locate(runs[0], tmp_path / "run-3")
     assert r.first_divergence["module"] == "model.layers.0.mlp.act_fn" and r.first_divergence["kind"] == "activation"
@@ -223,7 +223,7 @@ def test_locate_names_the_module_that_made_two_traced_greedy_runs_part(tiny, tmp
 @needs_model_extra
 def test_runs_in_different_execution_modes_break_the_identity_contract(tiny, tmp_path):
     from alibi.governance.identity import IdentityViolation, require_identity
-    from alibi.replay import greedy
+    from alibi.tokens import greedy
 
     for mode in (True, False):
         greedy.run_greedy_arm(tiny / "w8a8", tiny / "set", tmp_path / str(mode), kernel=KERNEL, prompt_tokens=8,
@@ -246,7 +246,7 @@ def test_a_variations_request_with_a_batch_larger_than_the_windows_is_refused_be
 @needs_model_extra
 def test_the_deterministic_runner_passes_every_variation_on_cuda_with_the_triton_kernel(tiny):
     from alibi.model.runner import load_model
-    from alibi.replay.variations import certify_variations
+    from alibi.tokens.variations import certify_variations
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -11,7 +11,7 @@ import pytest
 from alibi.errors import InputError
 from alibi.governance.identity import IdentityViolation
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.stats.flips import (
+from alibi.tokens.flips import (
     FLIPS_FILE,
     SCHEMA,
     FlipAnalysis,

@@ -32,7 +32,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.io.progress import Progress
-from alibi.replay.records import window_sha256
+from alibi.tokens.records import window_sha256
 
 RUN_SCHEMA = "alibi-greedy-run/v2"
 SCHEMA = "alibi-greedy/v2"
@@ -267,7 +267,7 @@ def summary_lines(result: GreedyAgreement) -> list[str]:
 def resolve_greedy(prompts, prompt_tokens: int, new_tokens: int, windows: int | None, batch_size: int,
                    where: str, max_positions: int | None) -> tuple[int, ...]:
     """Validate a greedy request; the window indices."""
-    from alibi.replay.setup import resolve_windows
+    from alibi.tokens.setup import resolve_windows
 
     if not 1 <= prompt_tokens <= prompts.tokens:
         raise InputError(f"--prompt-tokens {prompt_tokens}: must be in 1..{prompts.tokens} (the window length of {where})")
@@ -325,7 +325,7 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
     from alibi.model.runner import load_model
-    from alibi.replay.setup import (
+    from alibi.tokens.setup import (
         check_output,
         load_prompts,
         open_inputs,
@@ -362,7 +362,7 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / RUN_FILE, run.to_json())
         if trace:
-            from alibi.replay.variations import Execution, save_execution
+            from alibi.tokens.variations import Execution, save_execution
 
             save_execution(Execution("greedy", {}, recorder), stage / TRACE_FILE)
         write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {
@@ -394,8 +394,8 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
     from alibi.governance.identity import require_identity
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
-    from alibi.replay.setup import check_output, combined_predicate, load_prompts
-    from alibi.replay.teacher_forced import StepFailed, alibi_command, run_child
+    from alibi.tokens.setup import check_output, combined_predicate, load_prompts
+    from alibi.tokens.teacher_forced import StepFailed, alibi_command, run_child
 
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     if runs < 1:

@@ -48,7 +48,7 @@ def test_forced_logprob_is_minus_the_cross_entropy_of_the_same_kernel_at_every_s
     from alibi.model.evaluate import window_nll
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model
-    from alibi.replay.records import read_records
+    from alibi.tokens.records import read_records
 
     arm = read_records(pair / f"arm-{label}")
     assert arm.kernel == KERNELS[label] and len(arm.records) == 2 * 16 and arm.windows == (0, 1)
@@ -76,7 +76,7 @@ def test_both_arms_pass_the_identity_contract_and_the_pair_folder_verifies(pair)
 def test_an_arm_on_another_prompt_set_fails_the_contract_naming_the_prompt_set(pair, model, tmp_path):
     from alibi.cli import main
     from alibi.governance.identity import IdentityViolation, require_identity
-    from alibi.replay.teacher_forced import child_env
+    from alibi.tokens.teacher_forced import child_env
 
     # another 2 × 512 set: the committed windows' text in reverse order, tokenized with the same tokenizer
     texts = [json.loads(line)["text"] for line in (PROMPTS / "windows.jsonl").read_text().splitlines()]

@@ -3,15 +3,15 @@ predicts where.
 
 Order of work, each step failing closed before anything is written:
 
-1. read both arms in any accepted shape (`alibi.stats.arms`);
+1. read both arms in any accepted shape (`alibi.tokens.arms`);
 2. the identity contract: two alibi arms through `alibi.governance.require_identity` with the
-   kernel as the only treatment; two envelopes field by field (`alibi.stats.foreign`); a
+   kernel as the only treatment; two envelopes field by field (`alibi.tokens.foreign`); a
    per-prompt list, or arms of different shapes, carry no comparable identity. A violation, or
    an arm without identity, raises `IdentityViolation` (exit 1) naming the field, unless
    `allow_unverified`, which is then recorded in the output;
-3. the join (`alibi.stats.join`): duplicate keys, different text at a joined key, no shared
+3. the join (`alibi.tokens.join`): duplicate keys, different text at a joined key, no shared
    position are input errors; keys in one arm only are counted;
-4. the statistics (`alibi.stats.margin`), seeded: one `numpy.random.SeedSequence(seed)` spawns two
+4. the statistics (`alibi.tokens.margin`), seeded: one `numpy.random.SeedSequence(seed)` spawns two
    independent streams, the first for the AUC bootstrap, the second for the Brier bootstrap;
 5. the output folder, staged and renamed once: `flips.json` (`FlipAnalysis`, schema
    `alibi-flips/v1`), `flips.md`, `manifest.json` (kind `flip-analysis`).
@@ -48,9 +48,9 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.io import atomic
-from alibi.stats.arms import read_arm
-from alibi.stats.join import Joined, join_arms, require_same_keying
-from alibi.stats.margin import (
+from alibi.tokens.arms import read_arm
+from alibi.tokens.join import Joined, join_arms, require_same_keying
+from alibi.tokens.margin import (
     OK,
     UNDEFINED,
     CalibrationBin,
@@ -65,7 +65,7 @@ from alibi.stats.margin import (
     one_class_reason,
     roc_auc,
 )
-from alibi.stats.steps import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps
+from alibi.tokens.steps import ALIBI_SHAPE, ENVELOPE_SHAPE, ArmSteps
 
 SCHEMA = "alibi-flips/v1"
 FLIPS_FILE = "flips.json"
@@ -255,7 +255,7 @@ def check_identity(a: ArmSteps, b: ArmSteps, allow_unverified: bool = False) -> 
                                   allow_unverified=allow_unverified)
         method = "alibi-manifest"
     elif a.shape == b.shape == ENVELOPE_SHAPE:
-        from alibi.stats.foreign import compare_envelopes
+        from alibi.tokens.foreign import compare_envelopes
 
         record = compare_envelopes(a, b)
         if record.problems and not allow_unverified:

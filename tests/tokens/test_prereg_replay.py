@@ -78,7 +78,7 @@ def test_a_protocol_that_cannot_be_relied_on_is_one_line_exit_2_and_nothing_writ
 
 @needs_model_extra
 def test_an_amendment_while_the_replay_runs_leaves_nothing_written(tiny, tmp_path, protocol, capsys, monkeypatch):
-    import alibi.replay.teacher_forced as tf
+    import alibi.tokens.teacher_forced as tf
 
     real = tf.replay_windows
 
@@ -111,7 +111,7 @@ def test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder_and_p
         tiny, tmp_path, protocol, monkeypatch, capsys):
     import inprocess_arms
 
-    import alibi.replay.teacher_forced as tf
+    import alibi.tokens.teacher_forced as tf
 
     monkeypatch.setattr(tf, "run_child", inprocess_arms.run_child_inprocess)  # the arms' argv, run here
     out = tmp_path / "pair"
@@ -130,7 +130,7 @@ def test_a_pre_registered_pair_pins_the_lock_in_each_arm_and_in_the_folder_and_p
 
 @needs_model_extra
 def test_the_pair_refuses_an_arm_whose_manifest_records_another_protocol(tiny, tmp_path, protocol):
-    from alibi.replay.setup import combined_predicate
+    from alibi.tokens.setup import combined_predicate
 
     assert main(_argv(tiny, tmp_path / "a")) == 0  # measured under no protocol
     assert main(_argv(tiny, tmp_path / "b", "--prereg", str(protocol))) == 0

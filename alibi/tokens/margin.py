@@ -2,7 +2,7 @@
 leave-one-prompt-out, margin deciles and held-out calibration.
 
 Inputs are arrays over joined positions: `flip` (bool), `margin` (arm A's top-1 minus top-2 logit,
-finite, ≥ 0) and `cluster` (the prompt number 0 … P−1 of each position, see `alibi.stats.join`).
+finite, ≥ 0) and `cluster` (the prompt number 0 … P−1 of each position, see `alibi.tokens.join`).
 A low margin means a high risk, so every ranking statistic scores a position by −margin.
 
 Definitions (docs/flips.md states them for users):

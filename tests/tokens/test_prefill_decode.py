@@ -6,7 +6,7 @@ import torch
 
 from alibi.exact.numerics import bits
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.replay.prefill_decode import PrefillDecodeResult, module_kind, rows_differ
+from alibi.tokens.prefill_decode import PrefillDecodeResult, module_kind, rows_differ
 
 from .conftest import UlpUpAtDecode, needs_model_extra
 
@@ -29,7 +29,7 @@ def test_module_kind_pools_a_module_over_layers():
 
 
 def _run(tiny, out, kernel, **kw):
-    from alibi.replay.prefill_decode import run_prefill_vs_decode
+    from alibi.tokens.prefill_decode import run_prefill_vs_decode
 
     return run_prefill_vs_decode(tiny / "w8a8", tiny / "set", out, kernel=kernel, **{"context": 16, "positions": 16, **kw})
 

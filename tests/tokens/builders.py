@@ -13,7 +13,7 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.kernels.registry import get_kernel
-from alibi.replay.records import ArmRecords, TokenRecord, write_records
+from alibi.tokens.records import ArmRecords, TokenRecord, write_records
 
 KERNEL_A = "emulator:w_then_a"
 KERNEL_B = "emulator:a_then_w"
@@ -84,7 +84,7 @@ def write_pair(root: Path, margins, flips, **kw) -> tuple[Path, Path]:
 
 def write_flips(root: Path, margins, flips, *, kernels: tuple[str, str] = (KERNEL_A, KERNEL_B)) -> Path:
     """A real flips.json from two constructed arms (small bootstrap: the tests that use it read the flip rate)."""
-    from alibi.stats.flips import FLIPS_FILE, analyze_flips
+    from alibi.tokens.flips import FLIPS_FILE, analyze_flips
 
     ins = inputs(root / "inputs")
     a = write_arm(root / "arm-a", records_from(margins, flips, arm="a"), kernel=kernels[0], arm="a", inputs=ins)

@@ -6,7 +6,7 @@ import pytest
 
 from alibi.cli import main
 from alibi.governance.manifest import digest_tree
-from alibi.replay.setup import resolve_span
+from alibi.tokens.setup import resolve_span
 
 from .conftest import needs_model_extra
 

@@ -9,8 +9,8 @@ import torch
 
 from alibi.governance.identity import IdentityViolation, require_identity
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.replay.records import logits_sha256, read_records, window_sha256
-from alibi.replay.teacher_forced import score_rows
+from alibi.tokens.records import logits_sha256, read_records, window_sha256
+from alibi.tokens.teacher_forced import score_rows
 
 from .conftest import needs_model_extra
 
@@ -29,7 +29,7 @@ def test_score_rows_takes_the_first_maximum_and_gives_a_tie_zero_margin():
 
 
 def _arm(tiny, out, kernel, *, model="w8a8", prompts="set", **kw):
-    from alibi.replay.teacher_forced import run_teacher_forced
+    from alibi.tokens.teacher_forced import run_teacher_forced
 
     return run_teacher_forced(tiny / model, tiny / prompts, out, kernel=kernel, **{"context": 20, "positions": 12, **kw})
 
@@ -109,8 +109,8 @@ def test_arms_on_another_checkpoint_prompt_set_or_span_fail_the_contract_naming_
 def test_a_kernel_that_produces_nan_is_refused_naming_the_position_and_nothing_is_written(tiny, tmp_path):
     from faulty_kernels import Reference
 
-    from alibi.kernels import registry
     from alibi.errors import InputError
+    from alibi.kernels import registry
 
     class NanKernel(Reference):
         name = "test:nan"

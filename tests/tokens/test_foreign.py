@@ -11,9 +11,9 @@ from alibi.cli import main
 from alibi.errors import InputError
 from alibi.governance.identity import IdentityViolation
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.stats.arms import read_arm
-from alibi.stats.steps import ENVELOPE_SHAPE, LIST_SHAPE
-from alibi.stats.flips import analyze_flips, read_flips
+from alibi.tokens.arms import read_arm
+from alibi.tokens.flips import analyze_flips, read_flips
+from alibi.tokens.steps import ENVELOPE_SHAPE, LIST_SHAPE
 
 from .builders import KERNEL_A, records_from, write_arm
 from .builders import inputs as make_inputs

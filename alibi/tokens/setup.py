@@ -32,7 +32,7 @@ MANIFEST_KIND = "replay"
 
 def note_lines(quiet: bool = False):
     """A one-argument callback printing plain lines to stderr (silent with `quiet`): what
-    `alibi.stats.flips.analyze_flips` takes for its progress."""
+    `alibi.tokens.flips.analyze_flips` takes for its progress."""
     if quiet:
         return None
 

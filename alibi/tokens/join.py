@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alibi.errors import InputError
-from alibi.stats.steps import ENVELOPE_SHAPE, ArmSteps, Step
+from alibi.tokens.steps import ENVELOPE_SHAPE, ArmSteps, Step
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from alibi.errors import InputError
 from alibi.governance.manifest import verify_files
-from alibi.replay.greedy import (
+from alibi.tokens.greedy import (
     GreedyAgreement,
     GreedyRun,
     compare_runs,

@@ -71,8 +71,8 @@ class LocateResult:
 
 def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:
     from alibi.model.trace import first_divergence
-    from alibi.replay.greedy import TRACE_FILE, logit_row_agreement, read_run
-    from alibi.replay.variations import load_execution
+    from alibi.tokens.greedy import TRACE_FILE, logit_row_agreement, read_run
+    from alibi.tokens.variations import load_execution
 
     a, b = read_run(run_a), read_run(run_b)
     if (a.prompt_tokens, a.new_tokens) != (b.prompt_tokens, b.new_tokens):

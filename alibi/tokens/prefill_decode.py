@@ -38,7 +38,7 @@ from alibi.errors import InputError
 from alibi.exact.numerics import bits
 from alibi.io.progress import Progress
 from alibi.model.trace import ModuleTrace
-from alibi.replay.setup import Span
+from alibi.tokens.setup import Span
 
 SCHEMA = "alibi-prefill-decode/v1"
 RESULT_FILE = "prefill_decode.json"
@@ -258,7 +258,7 @@ def summary_lines(result: PrefillDecodeResult) -> list[str]:
 
 def resolve_pvd_span(prompts, windows: int | None, context: int | None, positions: int | None, where) -> Span:
     """As `resolve_span`, with P defaulting to 64 (or what is left of the window after T)."""
-    from alibi.replay.setup import resolve_span
+    from alibi.tokens.setup import resolve_span
 
     if positions is None:
         t = prompts.tokens // 2 if context is None else context
@@ -274,7 +274,7 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
     from alibi.model.runner import load_model
-    from alibi.replay.setup import (
+    from alibi.tokens.setup import (
         check_output,
         load_prompts,
         open_inputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from alibi.stats import margin as ms
+from alibi.tokens import margin as ms
 
 # Tolerance for values sklearn reaches through a handful of fp64 sums and products (trapezoids,
 # precision × recall steps, squared errors): a few roundings of ≤ 2⁻⁵³ each, far below 1e-12.

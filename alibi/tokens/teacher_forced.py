@@ -35,8 +35,8 @@ import torch
 from alibi.errors import InputError
 from alibi.io.digests import sha256_bytes
 from alibi.io.progress import Progress
-from alibi.replay.records import ArmRecords, TokenRecord, window_sha256, write_records
-from alibi.replay.setup import Span
+from alibi.tokens.records import ArmRecords, TokenRecord, window_sha256, write_records
+from alibi.tokens.setup import Span
 
 HASH_CHUNK_ROWS = 32  # rows per hashing job: enough jobs to use the pool, few enough to keep overhead low
 
@@ -68,7 +68,7 @@ def score_rows(rows: torch.Tensor, forced: torch.Tensor) -> ScoredRows:
 
 
 def _row_digests(host_rows: torch.Tensor) -> list[str]:
-    """sha256 of each fp32 row's little-endian bytes (`alibi.replay.records.logits_sha256`, without a copy)."""
+    """sha256 of each fp32 row's little-endian bytes (`alibi.tokens.records.logits_sha256`, without a copy)."""
     array = host_rows.numpy()
     if sys.byteorder != "little":
         array = array.astype("<f4")
@@ -210,7 +210,7 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
     from alibi.model.runner import load_model
-    from alibi.replay.setup import (
+    from alibi.tokens.setup import (
         check_output,
         load_prompts,
         locked_protocol,
@@ -288,7 +288,7 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
     """
     from alibi.governance.manifest import write_manifest
     from alibi.io import atomic
-    from alibi.replay.setup import (
+    from alibi.tokens.setup import (
         check_output,
         combined_predicate,
         load_prompts,
@@ -346,13 +346,13 @@ def analyze_flips_in(folder: Path, progress: Callable[[str], None] | None = None
 
     It runs with `folder` as the working directory and relative paths, so the analysis records
     the arms as `arm-a` and `arm-b` rather than by the staging folder's temporary name. Through
-    `alibi.stats.flips.analyze_flips` when that library is present (its IdentityViolation, exit 1,
+    `alibi.tokens.flips.analyze_flips` when that library is present (its IdentityViolation, exit 1,
     and InputError, exit 2, propagate), else as `python -m alibi analyze flips` in a child process.
     """
     import contextlib
 
     try:
-        from alibi.stats.flips import analyze_flips
+        from alibi.tokens.flips import analyze_flips
     except ImportError:
         return run_child(alibi_command("analyze", "flips", "arm-a", "arm-b", "--out", "flips"), "the flip analysis",
                          cwd=folder)

@@ -1,1 +1,0 @@
-"""Turning layer differences into tokens: teacher-forced replay, greedy agreement, prefill vs decode."""
