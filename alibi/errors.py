@@ -24,7 +24,7 @@ class KernelUnavailable(RuntimeError):
 
 class WorkerFailed(RuntimeError):
     """A shard of a run failed for a reason that is neither bad input (exit 2) nor an unavailable kernel
-    (exit 3): a kernel raised inside a worker, or a worker process died (exit code 4; `alibi.shard`)."""
+    (exit 3): a kernel raised inside a worker, or a worker process died (exit code 4; `alibi.conform.shard`)."""
 
     exit_code = 4
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alibi.conform.results import Report
+from alibi.conform.unit_store import unit_files
 from alibi.errors import InputError, one_line, shown
 from alibi.governance.environment import environment_record, toolkit_record, working_tree
 from alibi.governance.identity import flatten
@@ -59,8 +61,6 @@ from alibi.governance.manifest import (
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
 from alibi.io import atomic, jsonio, yamlio
 from alibi.io.limits import check_seed
-from alibi.results import Report
-from alibi.unit_store import unit_files
 
 RUN_SCHEMA = "alibi.run/v1"
 RUN_RECORD = "run.json"
@@ -227,7 +227,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if flip_threshold is not None and replay is None:
         raise _bad(file, "flip_threshold bounds the flip rate of a replay: add `replay: FLIPS.json` too")
     if replay is not None:
-        from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, check_bound
+        from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, check_bound
 
         try:
             flip_threshold = check_bound(DEFAULT_FLIP_THRESHOLD if flip_threshold is None else flip_threshold,
@@ -261,8 +261,8 @@ def check_pinned(folder: Path, pinned: Path) -> None:
 
 
 def resolve_inputs(exp: Experiment):
-    """The run's `TileSource` (alibi.conform), after checking every pin the experiment declares."""
-    from alibi.conform import source_from_dir, source_from_preset
+    """The run's `TileSource` (alibi.conform.pipeline), after checking every pin the experiment declares."""
+    from alibi.conform.pipeline import source_from_dir, source_from_preset
 
     src = exp.source
     if src.kind == "synthetic":
@@ -322,8 +322,8 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     Nothing is written before every input is checked: paths (the run folder must not overlap an
     input), the protocol, the kernels and the tiles' formats against both kernels.
     """
-    from alibi import conform
-    from alibi.report import write_reports
+    from alibi.conform import pipeline
+    from alibi.conform.report import write_reports
 
     target = out if out is not None else exp.out
     if target is None:
@@ -339,12 +339,12 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
 
         study_criteria(exp.prereg)
     tree = require_committed_code(exp, allow_dirty) if protocol is not None else None
-    regimes = conform.validate_regimes(exp.scales)
-    pair = conform.choose_pair(*exp.kernels)
+    regimes = pipeline.validate_regimes(exp.scales)
+    pair = pipeline.choose_pair(*exp.kernels)
     inputs = resolve_inputs(exp)
     replay = None
     if exp.replay is not None:
-        from alibi.token_risk import load_replay
+        from alibi.conform.token_risk import load_replay
 
         replay = load_replay(exp.replay, exp.flip_threshold)
         replay.require_pair(pair.a.name, pair.b.name)
@@ -352,7 +352,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     tiles_name = exp.source.path if exp.source.kind == "tiles" else inputs.resource["name"]  # as the file says it
     pinned_inputs = {"tiles": {**inputs.resource, "name": tiles_name},
                      **({"replay": replay.resource()} if replay is not None else {})}
-    units_plan = [conform.unit_id(i, t.name, r) for i, t in enumerate(inputs.tiles) for r in regimes]
+    units_plan = [pipeline.unit_id(i, t.name, r) for i, t in enumerate(inputs.tiles) for r in regimes]
     arms = {"a": treatment_of(pair.a, "a"), "b": treatment_of(pair.b, "b")}
     record = {
         "schema": RUN_SCHEMA,
@@ -375,7 +375,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     resumed = sum(u in done for u in units_plan)
     # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
     # in the manifest, so every other byte of the folder is reproducible.
-    report = conform.run_conformance(pair, inputs, regimes, units_dir=out / UNITS_DIR, resume=resume,
+    report = pipeline.run_conformance(pair, inputs, regimes, units_dir=out / UNITS_DIR, resume=resume,
                                      seed=exp.seed, ulp_threshold=exp.ulp_threshold, invariance=exp.invariance,
                                      replay=replay, created_at=None, progress=progress)
     if protocol is not None:
@@ -401,7 +401,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
                     **({"working_tree": tree} if tree is not None else {})},
         protocol=None if protocol is None else protocol.as_dict(), created_at=created_at)
     write_manifest(out, "experiment-run", predicate)
-    return RunResult(report, conform.exit_code(report), out, resumed, len(units_plan) - resumed)
+    return RunResult(report, pipeline.exit_code(report), out, resumed, len(units_plan) - resumed)
 
 
 def _start(out: Path, exp: Experiment, record: Mapping[str, Any], record_text: str, resume: bool) -> None:
@@ -458,8 +458,8 @@ def require_committed_code(exp: Experiment, allow_dirty: bool) -> dict[str, Any]
 
 def check_formats(pair: Any, tiles: list) -> None:
     """InputError before anything is written unless both kernels take every tile's operand format
-    (`alibi.conform.check_formats`)."""
-    from alibi.conform import check_formats as check
+    (`alibi.conform.pipeline.check_formats`)."""
+    from alibi.conform.pipeline import check_formats as check
 
     check(pair, tiles)
 

@@ -1,6 +1,6 @@
 """The detection matrix: every check against every mutant of one base kernel.
 
-For each fault × severity × scale regime the conformance procedure (`alibi.conform.conform`) runs
+For each fault × severity × scale regime the conformance procedure (`alibi.conform.pipeline.conform`) runs
 the base against its mutant (arm a = the base, arm b = the mutant) on the same tiles. A row
 records, per check, whether it *fired* on any tile, stayed *silent* (applicable, never fired) or
 was *inapplicable* on every tile, and whether the fault was *observable*: whether the mutant
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from alibi.checks import CHECKS
-from alibi.conform import Pair, TileSource, run_conformance, validate_regimes
+from alibi.conform.checks import CHECKS
+from alibi.conform.pipeline import Pair, TileSource, run_conformance, validate_regimes
+from alibi.conform.results import Report
 from alibi.errors import InputError
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.io import atomic
@@ -43,7 +44,6 @@ from alibi.kernels.mutants import (
     fault,
     native_triton_mutant,
 )
-from alibi.results import Report
 from alibi.tiles.tile import Tile
 
 SCHEMA = "alibi.mutants/v1"
@@ -395,7 +395,7 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
     base.require_available()
     check_tiles(base, base_name, tiles)
     plans, skipped = plan_rows(base, base_name, faults, severities, native)
-    from alibi.conform import tiles_sha256
+    from alibi.conform.pipeline import tiles_sha256
     from alibi.governance.manifest import digest_set
 
     tile_source = TileSource(tuple(tiles), dict(source), {"name": "tiles", "digest": digest_set(tiles_sha256(tiles))})
@@ -415,7 +415,7 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
                          f"{'observable' if r.observable else 'unobservable'}, fired: {', '.join(r.fired) or 'none'}")
     null_silent = not any(r.fired for r in rows if r.fault == "null")
     undetected = tuple(dict.fromkeys(r.fault for r in rows if r.fault != "null" and r.observable and not r.detected))
-    from alibi.conform import environment
+    from alibi.conform.pipeline import environment
 
     _, how = base.available()
     return DetectionMatrix(

@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from alibi.checks import DEFAULT_ULP_THRESHOLD
-from alibi.conform import REGIMES, Pair, TileSource, run_conformance, source_from_dir, source_from_preset, source_from_tiles
+from alibi.conform.checks import DEFAULT_ULP_THRESHOLD
+from alibi.conform.pipeline import REGIMES, Pair, TileSource, run_conformance, source_from_dir, source_from_preset, source_from_tiles
+from alibi.conform.results import Report
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
-from alibi.results import Report
 from alibi.tiles.synthetic import PRESETS
 from alibi.tiles.tile import Tile
 
 
 class NotInterchangeable(AssertionError):
-    """The kernels failed conformance; `report` holds the full report (`alibi.results.Report`)."""
+    """The kernels failed conformance; `report` holds the full report (`alibi.conform.results.Report`)."""
 
     def __init__(self, message: str, report: Report):
         super().__init__(message)

@@ -135,7 +135,7 @@ def test_conform_killed_at_any_write_leaves_the_old_report_or_the_complete_new_o
                 and verify_files(path) == [] and json.loads((path / "report.json").read_text())["seed"] == 2)
 
     states = kill_everywhere(tmp_path, ["conform", *EMU, "--synthetic", "tiny", "--seed", "2", "--out", str(out)],
-                             out, old, preload=("alibi.conform", "alibi.report", "alibi.html"), keep_stages=True)
+                             out, old, preload=("alibi.conform.pipeline", "alibi.conform.report", "alibi.html"), keep_stages=True)
     seen = judge(states, old, complete)
     # Issue 12: plan.json and 4 units in the hidden .report.units first, then html, md, junit, json, manifest in
     # the stage, then the swap (was >= 6 before the units were kept for --resume)
@@ -170,7 +170,7 @@ def test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_unin
     assert none_from_disk == 0
 
     states = kill_everywhere(tmp_path, argv(out), out, None,
-                             preload=("alibi.conform", "alibi.report", "alibi.html"), keep_stages=True)
+                             preload=("alibi.conform.pipeline", "alibi.conform.report", "alibi.html"), keep_stages=True)
     # the units folder with plan.json, 4 × (ledger, unit), 5 files in the stage, its rename, the units' discard
     assert len(states) >= 16
     *killed, (_, done) = states
@@ -304,7 +304,7 @@ def test_alibi_run_killed_at_any_write_resumes_to_the_bytes_of_an_uninterrupted_
     straight, out = tmp_path / "straight", tmp_path / "run"
     assert main(["run", str(exp), "--out", str(straight), "--quiet"]) == 0
     states = kill_everywhere(tmp_path, ["run", str(exp), "--out", str(out), "--quiet"], out, None,
-                             preload=("alibi.experiment", "alibi.conform", "alibi.report", "alibi.html"))
+                             preload=("alibi.experiment", "alibi.conform.pipeline", "alibi.conform.report", "alibi.html"))
     assert len(states) >= 10  # experiment.yaml, run.json, 4 units, the report stage, criteria-less manifest
 
     def comparable(folder: Path) -> dict[str, bytes]:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from faulty_kernels import OneUlpUp
 
-from alibi.checks import CHECKS
 from alibi.cli import main
+from alibi.conform.checks import CHECKS
 from alibi.kernels.registry import get_kernel, register
 from alibi.mutants import SCHEMA, DetectionMatrix, heatmap, run_matrix, to_markdown
 from alibi.tiles.exposing import exposing_tile, fp32_partials_tile

@@ -6,13 +6,13 @@ import pytest
 import torch
 from faulty_kernels import OneUlpUp, Reference
 
-from alibi.results import Report
+from alibi.conform.results import Report
 from alibi.testing import NotInterchangeable, assert_interchangeable
 
 
 def test_interchangeable_kernels_return_the_report_for_further_assertions():
     """The label of a preset source now names its seed: issue 12 builds every source record in one place
-    (`alibi.conform.source_from_preset`), the one `alibi conform --synthetic` already used."""
+    (`alibi.conform.pipeline.source_from_preset`), the one `alibi conform --synthetic` already used."""
     report = assert_interchangeable("emulator:w_then_a", "emulator:a_then_w", "epilogue-probe")
     assert isinstance(report, Report)
     assert report.verdict == "pass" and report.source["label"] == "synthetic preset epilogue-probe (seed 0)"

@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_conform(args: argparse.Namespace) -> int:
     import torch
 
-    from alibi.bench_conform import bench_conform, format_table
-    from alibi.conform import choose_pair, source_from_dir, source_from_preset
+    from alibi.conform.bench import bench_conform, format_table
+    from alibi.conform.pipeline import choose_pair, source_from_dir, source_from_preset
 
     if args.repeats < 1:
         raise InputError(f"--repeats must be at least 1, got {args.repeats}")

@@ -8,12 +8,12 @@ import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from alibi.conform.report import summary_lines, write_reports
+from alibi.conform.unit_store import discard
 from alibi.errors import InputError, KernelRaised, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.limits import check_seed
-from alibi.report import summary_lines, write_reports
-from alibi.unit_store import discard
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _interrupted(args: argparse.Namespace) -> str:
     """What Ctrl-C leaves: no report, and the finished units (each written atomically) for --resume."""
-    from alibi.unit_store import unit_files
+    from alibi.conform.unit_store import unit_files
 
     units = units_dir(args.out)
     done = len(unit_files(units))
@@ -78,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
     check_kernel_name(args.kernel_a, "--kernel-a")  # a mistyped name is refused before torch loads
     check_kernel_name(args.kernel_b, "--kernel-b")
     # Imported here, not at the top: `alibi --help` must not import torch.
-    from alibi.conform import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
+    from alibi.conform.pipeline import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
+    from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
     from alibi.html import write_conform_html
     from alibi.tiles.synthetic import DEFAULT_PRESET
-    from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
     check_seed(args.seed, "--seed")  # the rule `alibi run` applies to its seed
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     pair = choose_pair(args.kernel_a, args.kernel_b)
     check_formats(pair, source.tiles)  # before any folder is created
     if args.ray is not None:
-        from alibi.shard import require_ray
+        from alibi.conform.shard import require_ray
 
         require_ray()
     if args.resume and not resume:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 def _no_debris(units: Path, out: Path, fresh: bool):
     """A fresh run that fails before it kept any unit leaves nothing: not the units folder with its plan,
     nor the folders created on the way to --out."""
-    from alibi.unit_store import unit_files
+    from alibi.conform.unit_store import unit_files
 
     made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     try:
@@ -169,14 +169,14 @@ def _no_debris(units: Path, out: Path, fresh: bool):
 
 def _units_and_report(args, pair, source, regimes, units, resume, replay, parameters, plan_parameters):
     """Every unit (sharded first when asked, then read back) and the report folded from them."""
-    from alibi.conform import progress_printer, run_conformance
+    from alibi.conform.pipeline import progress_printer, run_conformance
 
     computed_elsewhere = 0
     if args.devices is not None or args.ray is not None:
         # The shards compute every unit into the units folder; run_conformance below then only reads them
         # (resume=True), so the report is the one this command writes without sharding. The devices go into
         # the manifest's parameters only: report.json and the plan do not depend on them.
-        from alibi.shard import SourceSpec, parse_devices, run_sharded
+        from alibi.conform.shard import SourceSpec, parse_devices, run_sharded
         from alibi.tiles.synthetic import DEFAULT_PRESET
 
         if replay is not None:

@@ -35,13 +35,13 @@ MATRIX_FOLDER_FILES = frozenset({"matrix.json", "matrix.md", "report.html", "man
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from alibi.conform import progress_printer, source_from_dir, source_from_preset, validate_regimes
+    from alibi.conform.matrix import run_matrix, to_markdown
+    from alibi.conform.pipeline import progress_printer, source_from_dir, source_from_preset, validate_regimes
     from alibi.errors import InputError, one_line
     from alibi.governance import build_predicate, treatment_of, write_manifest
     from alibi.html import write_report_html
     from alibi.io import atomic
     from alibi.io.limits import check_seed
-    from alibi.matrix import run_matrix, to_markdown
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]

@@ -33,7 +33,7 @@ def _list(text: str | None) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.conform import validate_regimes
+    from alibi.conform.pipeline import validate_regimes
     from alibi.errors import InputError
     from alibi.governance import build_predicate, resource, treatment_of
     from alibi.io import atomic

@@ -33,11 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_pair(args: argparse.Namespace) -> int:
-    from alibi.conform import source_from_dir, source_from_preset
+    from alibi.conform.pair_prediction import declared_model, predict_pair
+    from alibi.conform.pipeline import source_from_dir, source_from_preset
     from alibi.errors import InputError
     from alibi.io import atomic
     from alibi.io.limits import check_seed
-    from alibi.pair_prediction import declared_model, predict_pair
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
     check_seed(args.seed, "--seed")

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.conform.report import summary_lines
+from alibi.conform.unit_store import unit_files
 from alibi.experiment import UNITS_DIR, load_experiment, run_experiment, stderr_progress
 from alibi.experiment import __doc__ as FORMAT
-from alibi.report import summary_lines
-from alibi.unit_store import unit_files
 
 _EPILOG = FORMAT.split("An experiment file", 1)[1].split("The runner works", 1)[0]
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+from alibi.conform.results import Report
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest
 from alibi.html.render import RenderedSection, render_page
 from alibi.html.sections import section, sections
 from alibi.io import atomic
-from alibi.results import Report
 
 HTML_NAME = "report.html"
 

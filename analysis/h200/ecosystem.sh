@@ -205,7 +205,7 @@ wait
     echo; echo "== $(basename "$(dirname "$m")")"
     python - "$m" <<'PY'
 import sys
-from alibi.matrix import Matrix
+from alibi.conform.matrix import Matrix
 m = Matrix.from_json(open(sys.argv[1]).read())
 for c in m.cells:
     print(f"  {c.kernel_a:>22} vs {c.kernel_b:<22} {c.status:<11} {', '.join(c.causes) or '-':<40} "

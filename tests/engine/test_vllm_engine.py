@@ -107,7 +107,7 @@ def test_the_captured_activations_lie_on_the_grid_of_vllms_cpu_quantization(capt
 
 
 def test_captured_tiles_conform_and_name_vllms_cpu_kernel_faults_on_this_cpu(capture):
-    from alibi.conform import choose_pair, run_conformance, source_from_tiles
+    from alibi.conform.pipeline import choose_pair, run_conformance, source_from_tiles
     from alibi.kernels.vllm_cpu import onednn_arithmetic
     from alibi.tiles.tile import load_tile_dir
 

@@ -124,7 +124,7 @@ def test_the_server_worker_captured_every_w8a8_linear_of_each_forward(served):
 
 
 def test_the_captured_server_set_conforms_on_its_prefill_tiles(served):
-    from alibi.conform import choose_pair, run_conformance, source_from_tiles
+    from alibi.conform.pipeline import choose_pair, run_conformance, source_from_tiles
     from alibi.tiles.tile import load_tile_dir
 
     tiles = [t for t in load_tile_dir(served["capture"]) if t.meta["layer"].startswith("model.layers.0.")][:4]

@@ -1,6 +1,6 @@
 """The exact reference and the epilogue models give the same bits on a GPU as on the CPU.
 
-The conformance pipeline runs them on the GPU when there is one (`alibi.conform.check_device`); that
+The conformance pipeline runs them on the GPU when there is one (`alibi.conform.pipeline.check_device`); that
 is sound only if every model, applied to the same accumulator, returns the CPU's bits there — IEEE
 fp32 multiplies, round-to-nearest-even casts, the fp64 FMA emulation, subnormals kept. These tests
 hold it on adversarial tiles (the epilogue probes, subnormal scales, biases, the fp32 overflow tie)

@@ -13,10 +13,10 @@ import pytest
 from browser import NO_CHROMIUM, chromium, probe, screenshot
 from report_pages import HOSTILE_NAMES
 
+from alibi.conform.results import Report
 from alibi.governance.manifest import read_manifest, verify_files
 from alibi.html import conform_html
 from alibi.html.sections.conform import TOP_TILES
-from alibi.results import Report
 
 
 class Page(HTMLParser):

@@ -14,7 +14,7 @@ from browser import FLAGS, NO_CHROMIUM, chromium
 from faulty_kernels import divergent_tile
 
 from alibi.cli import main
-from alibi.report import explanation, read_report, why_sentence
+from alibi.conform.report import explanation, read_report, why_sentence
 from alibi.tiles.tile import save_tile
 
 
@@ -50,7 +50,7 @@ def test_the_page_states_why_the_arms_differ_with_predicted_explained_and_cause(
 
 def test_the_why_block_of_an_undeclared_arm_makes_no_claim_about_its_model(tmp_path):
     from alibi.kernels.registry import register
-    from test_undeclared_epilogue import Undeclared
+    from conform.test_undeclared_epilogue import Undeclared
 
     register("test-undeclared-html", Undeclared)
     main(["conform", "--kernel-a", "test-undeclared-html", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny",

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("bitsandbytes", reason="the bnb extra is not installed (pip install 'integer-alibi[bnb]')")
 
-from alibi.conform import apply_regime  # noqa: E402
+from alibi.conform.pipeline import apply_regime  # noqa: E402
 from alibi.errors import InputError  # noqa: E402
 from alibi.exact.emulator import EpilogueModel, run_model  # noqa: E402
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from alibi.conform import Pair, check_device, evaluate_unit, prepare, run_conformance, source_from_tiles
+from alibi.conform.pipeline import Pair, check_device, evaluate_unit, prepare, run_conformance, source_from_tiles
 from alibi.errors import InputError
 from alibi.exact.emulator import (
     BIAS_MODES,

@@ -161,7 +161,7 @@ def test_a_bias_that_does_not_convert_exactly_to_the_output_dtype_is_refused(ker
 
 
 def _report(kernel_a: str, kernel_b: str, tiles):
-    from alibi.conform import choose_pair, run_conformance, source_from_tiles
+    from alibi.conform.pipeline import choose_pair, run_conformance, source_from_tiles
 
     return run_conformance(choose_pair(kernel_a, kernel_b), source_from_tiles(tiles), ("real",), created_at=None)
 

@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from alibi.conform.report import RegimeTotals, explanation, why_sentence
 from alibi.errors import InputError
 from alibi.html import figures
 from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
-from alibi.report import RegimeTotals, explanation, why_sentence
 from alibi.html.sections import Section
 
-# v2 (alibi.results) adds predicted/observed and near-zero fields; the page reads the fields both share,
+# v2 (alibi.conform.results) adds predicted/observed and near-zero fields; the page reads the fields both share,
 # so the committed v1 reports still render.
 SCHEMAS = ("alibi.conform/v1", "alibi.conform/v2")
 REPORT_FILES = ("report.json", "report/report.json")
@@ -216,14 +216,14 @@ class Unit:
 @dataclass(frozen=True)
 class Why:
     """Why the arms differ, as report.md and the terminal say it: the sentence drawn from the checks
-    (`alibi.report.why_sentence`) and, per regime, predicted against observed with the causes named."""
+    (`alibi.conform.report.why_sentence`) and, per regime, predicted against observed with the causes named."""
 
     sentence: str
     regimes: tuple[tuple[str, str], ...]  # (regime, `Explanation.line()`), regimes with a prediction only
 
     @classmethod
     def of(cls, doc: dict[str, Any], where: str) -> Why:
-        from alibi.results import Report
+        from alibi.conform.results import Report
 
         try:
             report = Report.from_dict(doc)

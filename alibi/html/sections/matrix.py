@@ -22,7 +22,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
-    from alibi.matrix import STATUSES, Matrix, heatmap  # imported only when a folder holds a matrix
+    from alibi.conform.matrix import STATUSES, Matrix, heatmap  # imported only when a folder holds a matrix
 
     try:
         m = Matrix.from_json(text)

@@ -1,4 +1,4 @@
-"""`alibi.differences`: which output elements differ, with both bit patterns and values, capped with a count."""
+"""`alibi.conform.differences`: which output elements differ, with both bit patterns and values, capped with a count."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from alibi.differences import DIFFERENCE_CAP, Differences, differing_elements
+from alibi.conform.differences import DIFFERENCE_CAP, Differences, differing_elements
 
 
 def _bf16(bits: list[list[int]]) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi import checks
+from alibi.conform import checks
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_bytes
 

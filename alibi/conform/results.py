@@ -1,6 +1,6 @@
 """The conformance results as types: one `UnitResult` per tile and regime, one `Report` per run.
 
-`report.json` is `Report.to_json()`; every consumer (`alibi.report`, `alibi.html`, `alibi.testing`,
+`report.json` is `Report.to_json()`; every consumer (`alibi.conform.report`, `alibi.html`, `alibi.testing`,
 `alibi.experiment`, `alibi.mutants`, `alibi conform --resume`) reads it back through
 `Report.from_json` / `UnitResult.from_dict`, never by string keys of its own. The layout is
 published as a JSON Schema, `docs/schemas/alibi.conform.v2.schema.json` (fields and meaning:
@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from alibi.verdict import Verdict
-from alibi.differences import Differences
+from alibi.conform.differences import Differences
+from alibi.conform.verdict import Verdict
 
 SCHEMA = "alibi.conform/v2"
 SCHEMA_FILE = "docs/schemas/alibi.conform.v2.schema.json"
@@ -149,7 +149,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 unless a check fired (see `alibi.conform.exit_code` for `--strict`)."""
+        """0 unless a check fired (see `alibi.conform.pipeline.exit_code` for `--strict`)."""
         return 1 if self.verdict == "fail" else 0
 
     def as_dict(self) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import json
 import torch
 from faulty_kernels import Reference, divergent_tile
 
-from alibi import checks
 from alibi.cli import main
+from alibi.conform import checks
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.kernels.registry import register
 

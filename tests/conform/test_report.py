@@ -10,11 +10,11 @@ import torch
 from faulty_kernels import divergent_tile
 
 from alibi.cli import main
-from alibi.differences import DIFFERENCE_CAP
+from alibi.conform.differences import DIFFERENCE_CAP
+from alibi.conform.report import read_report, to_markdown, why_sentence
+from alibi.conform.results import Report
 from alibi.exact.emulator import EpilogueModel, run_model
 from alibi.exact.numerics import bits, bitwise_equal_mask
-from alibi.report import read_report, to_markdown, why_sentence
-from alibi.results import Report
 from alibi.tiles.tile import save_tile
 
 EMU = ["--kernel-a", "emulator:w_then_a", "--kernel-b", "emulator:a_then_w"]
@@ -103,7 +103,7 @@ def test_a_tile_that_differs_from_its_declared_model_is_explained_as_a_finding()
     scale in bf16 breaks its declared model, and the sentence calls that a finding."""
     from faulty_kernels import Bf16ScaleEpilogue
 
-    from alibi.conform import Pair, run_conformance, source_from_tiles
+    from alibi.conform.pipeline import Pair, run_conformance, source_from_tiles
     from alibi.kernels.registry import get_kernel
 
     pair = Pair(Bf16ScaleEpilogue(), get_kernel("emulator:a_then_w"), "test")

@@ -1,7 +1,7 @@
 """A check's outcome (`Verdict`), the check identifiers in report order, and how verdicts combine.
 
-Torch-free, so that reading a report (`alibi.results`) costs no torch import; the checks
-themselves are in `alibi.checks`.
+Torch-free, so that reading a report (`alibi.conform.results`) costs no torch import; the checks
+themselves are in `alibi.conform.checks`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The conformance matrix: every pair of a kernel set certified at once (`alibi matrix`).
 
-Every pair goes through the one conformance pipeline (`alibi.conform.run_conformance`), so a cell
+Every pair goes through the one conformance pipeline (`alibi.conform.pipeline.run_conformance`), so a cell
 holds what `alibi conform --kernel-a A --kernel-b B` would report for the same tiles and regimes.
 Each kernel runs once per tile and regime: its outputs (and its exposed accumulator) are recorded
 the first time a pair asks for them, keyed by the operands it is handed (`operand_key`: the tile's
@@ -38,12 +38,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from alibi.verdict import Verdict
+from alibi.conform.verdict import Verdict
 
 if TYPE_CHECKING:
     import torch
 
-    from alibi.conform import TileSource
+    from alibi.conform.pipeline import TileSource
     from alibi.kernels.base import Kernel
     from alibi.tiles.tile import Tile
 
@@ -270,11 +270,11 @@ class RecordedKernel:
 
 def self_checks(kernel: RecordedKernel, tiles: Sequence[Tile]) -> tuple[Verdict, ...]:
     """M-invariance and run-to-run of one kernel over the real-scale tiles: its recorded output of each tile
-    against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.sub_batches`)."""
+    against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.pipeline.sub_batches`)."""
     import torch
 
-    from alibi import checks
-    from alibi.conform import sub_batches
+    from alibi.conform import checks
+    from alibi.conform.pipeline import sub_batches
     from alibi.kernels.base import private_copy
 
     inner = kernel.kernel
@@ -316,9 +316,9 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
 
     available_only: leave out kernels that cannot run here, listing each with its reason (`Matrix.unavailable`);
     otherwise one that cannot run raises KernelUnavailable (exit 3). kernels: the kernel objects (default:
-    `get_kernel(name)` for each name). created_at: default now (`alibi.conform.created_now`).
+    `get_kernel(name)` for each name). created_at: default now (`alibi.conform.pipeline.created_now`).
     """
-    from alibi.conform import (
+    from alibi.conform.pipeline import (
         Pair,
         apply_regime,
         created_now,

@@ -32,8 +32,11 @@ from typing import Any
 
 import torch
 
-from alibi import checks
-from alibi.differences import differing_elements
+from alibi.conform import checks
+from alibi.conform.differences import differing_elements
+from alibi.conform.results import SCHEMA, KernelRecord, Report, UnitResult
+from alibi.conform.token_risk import ReplayEvidence
+from alibi.conform.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.exact.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
@@ -41,10 +44,7 @@ from alibi.io import atomic
 from alibi.kernels.base import Kernel
 from alibi.kernels.base import operands, private_copy
 from alibi.kernels.registry import get_kernel
-from alibi.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.tiles.tile import Tile
-from alibi.token_risk import ReplayEvidence
-from alibi.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 
 REGIMES = ("real", "pow2")
 SUB_BATCH_SIZES = (1, 4, 16)
@@ -527,7 +527,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
     the run a units folder holds (refused if its plan differs; a folder without a plan starts afresh).
-    Every unit read back is checked (`alibi.unit_store`: plan and tile digests, the ledger, the schema and
+    Every unit read back is checked (`alibi.conform.unit_store`: plan and tile digests, the ledger, the schema and
     the invariants); verify_units: also recompute each and compare the two files bit for bit.
     computed_elsewhere: how many of the stored units this run computed in other processes (the shards),
     so not read from an earlier run. When units come from disk, the report's `source` says how many

@@ -1,4 +1,4 @@
-"""Sharded conformance (alibi.shard, `conform --devices/--ray`): worker processes and Ray tasks compute the
+"""Sharded conformance (alibi.conform.shard, `conform --devices/--ray`): worker processes and Ray tasks compute the
 units, `run_conformance` assembles them, and the report folder is the single-process one byte for byte
 (the manifest differing only in its recorded sharding). CPU kernels and CPU worker processes only."""
 
@@ -14,9 +14,9 @@ from hostile import main_one_line
 from resumed_report import without_units_record
 
 from alibi.cli import main
+from alibi.conform.shard import ShardJob, ShardRun, SourceSpec, parse_devices, run_shard, shard_tiles
 from alibi.errors import InputError
 from alibi.governance.manifest import read_manifest, verify_files
-from alibi.shard import ShardJob, ShardRun, SourceSpec, parse_devices, run_shard, shard_tiles
 
 EPOCH = "1700000000"  # SOURCE_DATE_EPOCH: the report's created_at is then the same in every run
 SOURCE = ["--synthetic", "smollm2-135m-bias", "--rows", "8"]  # 7 tiles (q k v o gate up down), bias, bf16
@@ -186,7 +186,7 @@ def test_tile_i_goes_to_shard_i_mod_n_and_shards_without_tiles_are_dropped():
 
 
 def _job(tmp_path, **changes) -> ShardJob:
-    from alibi.conform import choose_pair, source_from_preset
+    from alibi.conform.pipeline import choose_pair, source_from_preset
 
     spec = SourceSpec(preset="smollm2-135m-bias", seed=0, rows=8)
     pair = choose_pair("torch-cpu", "emulator:a_then_w")
@@ -198,7 +198,7 @@ def _job(tmp_path, **changes) -> ShardJob:
 
 
 def test_a_shard_computes_only_its_tiles_and_skips_units_already_there(tmp_path):
-    from alibi.conform import choose_pair, source_from_preset, start_units
+    from alibi.conform.pipeline import choose_pair, source_from_preset, start_units
 
     units = tmp_path / "units"
     start_units(units, choose_pair("torch-cpu", "emulator:a_then_w"),

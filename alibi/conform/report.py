@@ -7,10 +7,10 @@ a `report.json` holds a complete report, and a failed run leaves no new report b
 are bitwise equal and how many elements differ, and why they differ in one sentence drawn from
 the checks (see `why_sentence`). The tile table lists the differing tiles first, each marked, with
 its first differing element; `report.json` holds every unit with the positions and both values of
-its differing elements (`alibi.differences`, capped per unit). The fields are documented in
+its differing elements (`alibi.conform.differences`, capped per unit). The fields are documented in
 docs/report.md.
 
-Everything here reads the typed report (`alibi.results.Report`). This module imports no torch, so
+Everything here reads the typed report (`alibi.conform.results.Report`). This module imports no torch, so
 the CLI can import it at start-up.
 """
 
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from alibi.conform.results import KernelRecord, Report, UnitResult
+from alibi.conform.verdict import CHECKS
 from alibi.errors import one_line
 from alibi.io import atomic
-from alibi.results import KernelRecord, Report, UnitResult
-from alibi.verdict import CHECKS
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
 # How many differing elements `report.md` shows per tile (report.json lists up to the cap of
-# `alibi.differences`): one cell of the tile table.
+# `alibi.conform.differences`): one cell of the tile table.
 MD_POSITIONS = 1
 
 

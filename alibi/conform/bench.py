@@ -89,7 +89,7 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
                   progress=None) -> ConformBench:
     import torch
 
-    from alibi.conform import StageTimer, run_conformance, source_from_tiles
+    from alibi.conform.pipeline import StageTimer, run_conformance, source_from_tiles
     from alibi.governance.environment import environment_record
 
     warm = source_from_tiles(source.tiles[:1], "warm-up")

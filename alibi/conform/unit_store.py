@@ -161,8 +161,8 @@ class UnitStore:
     def read(self, uid: str, tile, regime: str, tile_digest: str, recorded: dict[str, set[str]]):
         """The unit `uid` (tile `tile` under `regime`) and its evidence, after every check of the module
         docstring; InputError naming the file otherwise."""
+        from alibi.conform.results import UnitResult
         from alibi.io import jsonio
-        from alibi.results import UnitResult
 
         path = self.path(uid)
         label = one_line(str(path))
@@ -189,7 +189,7 @@ class UnitStore:
         except (KeyError, TypeError, ValueError, AttributeError, UnicodeError):
             same = False
         if not same:
-            raise InputError(f"{label}: does not follow the unit schema (fields of alibi.results.UnitResult); {fix}")
+            raise InputError(f"{label}: does not follow the unit schema (fields of alibi.conform.results.UnitResult); {fix}")
         why = unit_impossible(unit, tile, regime)
         if why is None and not (isinstance(doc["evidence"], dict) and set(doc["evidence"]) == {"a", "b"}):
             why = "its evidence is not one record per arm (a, b)"
@@ -209,8 +209,8 @@ def _is_int(x: Any) -> bool:
 
 def unit_impossible(unit, tile, regime: str) -> str | None:
     """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds)."""
+    from alibi.conform.verdict import CHECKS
     from alibi.exact.numerics import dtype_name
-    from alibi.verdict import CHECKS
 
     for name in _INT_FIELDS:
         if not _is_int(getattr(unit, name)):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from alibi.bench_conform import ConformBench, bench_conform
 from alibi.cli import main
-from alibi.conform import Pair, StageTimer, run_conformance, source_from_preset
+from alibi.conform.bench import ConformBench, bench_conform
+from alibi.conform.pipeline import Pair, StageTimer, run_conformance, source_from_preset
 from alibi.kernels.registry import get_kernel
 
 

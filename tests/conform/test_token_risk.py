@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from tokens.builders import write_flips
 
+from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_file
-from alibi.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
 from alibi.tokens.flips import analyze_flips
 
 MARGINS = [[0.1, 2.0, 5.0, 0.3], [4.0, 0.2, 3.0, 6.0]]
 FLIPS = [[True, False, False, False], [False, True, False, False]]  # 2 of 8: rate 0.25
-FIXTURES = Path(__file__).parent / "tokens" / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "tokens" / "fixtures"
 
 
 def test_a_replay_carries_the_analysis_flip_rate_the_file_digest_and_the_default_bound(tmp_path):

@@ -4,7 +4,7 @@ For int8 tiles whose accumulator cannot wrap, a kernel held to its declared mode
 `alibi identify`, or its own tests) computes exactly `apply_epilogue(model, exact accumulator, ...)`.
 Two such kernels therefore differ on a tile exactly where their two models do, and nowhere else:
 this module computes that set per tile and scale regime, and names what in the models causes it
-(`alibi.conform.difference_cause`). Zero predicted differences on every tile is a certificate that
+(`alibi.conform.pipeline.difference_cause`). Zero predicted differences on every tile is a certificate that
 the pair is bitwise interchangeable there — conditional on each kernel equalling its declared model,
 which is what the epilogue-model check of `alibi conform` establishes.
 """
@@ -83,7 +83,7 @@ def declared_model(name: str):
 
 def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:
     """Predict, per tile and regime, where the declared models of `a` and `b` differ (no kernel runs)."""
-    from alibi.conform import apply_regime, check_device, difference_cause, prepare, validate_regimes
+    from alibi.conform.pipeline import apply_regime, check_device, difference_cause, prepare, validate_regimes
     from alibi.exact.emulator import apply_epilogue
     from alibi.exact.numerics import bitwise_equal_mask
 

@@ -14,14 +14,14 @@ import torch
 from faulty_kernels import Nondeterministic, OneUlpUp, Reference
 
 from alibi.cli import main
-from alibi.conform import Pair, run_conformance, source_from_tiles
+from alibi.conform.matrix import SCHEMA, SCHEMA_FILE, Matrix, run_matrix, to_markdown
+from alibi.conform.pipeline import Pair, run_conformance, source_from_tiles
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.io.digests import sha256_file
 from alibi.kernels.registry import _EXTRA, get_kernel, register
-from alibi.matrix import SCHEMA, SCHEMA_FILE, Matrix, run_matrix, to_markdown
 from alibi.tiles.synthetic import synthetic_tiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED_SHA256 = "2aad37780e50685cb45a825f5fb009e367ce40ec9930235aa9d67d4e6c208a8c"
 
 try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from alibi.cli import main
-from alibi.conform import Pair, run_conformance, source_from_preset
+from alibi.conform.pair_prediction import PairPrediction, predict_pair
+from alibi.conform.pipeline import Pair, run_conformance, source_from_preset
 from alibi.kernels.registry import get_kernel
-from alibi.pair_prediction import PairPrediction, predict_pair
 
 
 def test_the_prediction_from_declared_models_equals_what_two_real_cpu_kernels_do():

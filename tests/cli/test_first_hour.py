@@ -16,7 +16,7 @@ import torch
 
 from alibi.cli import COMMAND_MODULES, build_parser, main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -50,7 +50,7 @@ class SourceSpec:
             raise InputError("a shard's tile source is a folder or a synthetic preset, exactly one of them")
 
     def build(self):
-        from alibi.conform import source_from_dir, source_from_preset
+        from alibi.conform.pipeline import source_from_dir, source_from_preset
 
         if self.folder is not None:
             return source_from_dir(self.folder)
@@ -193,7 +193,7 @@ def _pin(device: str, threads: int):
 
 def run_shard(job: ShardJob) -> int:
     """Compute the units of `job`'s tiles into its units folder (those not there yet); returns how many."""
-    from alibi.conform import choose_pair, compute_units
+    from alibi.conform.pipeline import choose_pair, compute_units
 
     device = _pin(job.device, job.threads)
     pair = choose_pair(job.kernel_a, job.kernel_b)
@@ -347,7 +347,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     checks the digest. resume/seed/plan_parameters: as for `run_conformance`, which this plan must match.
     Raises InputError / KernelUnavailable / WorkerFailed naming the failed worker; finished units stay.
     """
-    from alibi.conform import choose_pair, start_units, unit_id, validate_regimes
+    from alibi.conform.pipeline import choose_pair, start_units, unit_id, validate_regimes
 
     if (devices is None) == (ray_address is None):
         raise InputError("give devices (worker processes) or a Ray address, exactly one of them")

@@ -20,8 +20,8 @@ from faulty_kernels import (
     divergent_tile,
 )
 
-from alibi import checks
-from alibi.conform import (
+from alibi.conform import checks
+from alibi.conform.pipeline import (
     Pair,
     check_device,
     evaluate_unit,
@@ -29,11 +29,11 @@ from alibi.conform import (
     run_conformance,
     source_from_tiles,
 )
+from alibi.conform.report import why_sentence
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator, predict
 from alibi.exact.numerics import bits, ulp_distance
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
-from alibi.report import why_sentence
 from alibi.tiles.tile import Tile
 
 
@@ -441,7 +441,7 @@ def test_torch_cpu_against_a_then_w_on_the_biased_smollm2_preset_is_explained_un
     independently: at every differing element the two scale orders give the same fp32 product (rational
     arithmetic), so only the bias handling can separate the arms, and the rational outputs of the two
     declared models are the reported values."""
-    from alibi.conform import source_from_preset
+    from alibi.conform.pipeline import source_from_preset
 
     pair = Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "test")
     source = source_from_preset("smollm2-135m-bias", rows=16)
@@ -517,7 +517,7 @@ def test_a_tile_whose_accumulators_are_all_zero_gives_a_report_that_serializes()
     report = conform(Pair(Reference(), get_kernel("emulator:a_then_w"), "test"), [_all_zero_tile()],
                      ["real", "pow2"], invariance=False)
     assert report.verdict == "pass" and all(u.max_abs_acc == 0 and u.headroom_bits is None for u in report.tiles)
-    from alibi.results import Report
+    from alibi.conform.results import Report
 
     assert Report.from_json(report.to_json()).check("lossless-fp32-entry").status == "passed"
 
