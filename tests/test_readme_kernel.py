@@ -67,7 +67,7 @@ def test_the_readme_kernel_example_declares_its_model_and_passes_its_own_readme_
 
 
 def test_the_readme_example_kernel_is_identified_as_the_model_it_declares():
-    from alibi.identify import identify
+    from alibi.controls.identify import identify
     from alibi.tiles.synthetic import synthetic_tiles
 
     namespace: dict = {}

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.boundary import run_boundary, summary_lines
+    from alibi.controls.boundary import run_boundary, summary_lines
     from alibi.io import atomic
 
     if args.out is not None:

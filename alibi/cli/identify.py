@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from alibi.kernels.catalog import check_kernel_name
 
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
-    from alibi.identify import identify, probe_tiles
+    from alibi.controls.identify import identify, probe_tiles
     from alibi.kernels.registry import get_kernel
     from alibi.tiles.synthetic import synthetic_tiles
     from alibi.tiles.tile import load_tile_dir

@@ -34,17 +34,17 @@ def _list(text: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     from alibi.conform.pipeline import validate_regimes
-    from alibi.errors import InputError
-    from alibi.governance import build_predicate, resource, treatment_of
-    from alibi.io import atomic
-    from alibi.io.progress import progress
-    from alibi.kernels.registry import get_kernel
-    from alibi.mutants import (
+    from alibi.controls.mutant_matrix import (
         check_tiles,
         plan_rows,
         run_matrix,
         write_matrix,
     )
+    from alibi.errors import InputError
+    from alibi.governance import build_predicate, resource, treatment_of
+    from alibi.io import atomic
+    from alibi.io.progress import progress
+    from alibi.kernels.registry import get_kernel
     from alibi.tiles.exposing import EXPOSING_TILES, exposing_tiles
     from alibi.tiles.synthetic import synthetic_tiles
     from alibi.tiles.tile import load_tile_dir

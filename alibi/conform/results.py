@@ -1,7 +1,7 @@
 """The conformance results as types: one `UnitResult` per tile and regime, one `Report` per run.
 
 `report.json` is `Report.to_json()`; every consumer (`alibi.conform.report`, `alibi.html`, `alibi.testing`,
-`alibi.experiment`, `alibi.mutants`, `alibi conform --resume`) reads it back through
+`alibi.experiment`, `alibi.controls.mutant_matrix`, `alibi conform --resume`) reads it back through
 `Report.from_json` / `UnitResult.from_dict`, never by string keys of its own. The layout is
 published as a JSON Schema, `docs/schemas/alibi.conform.v2.schema.json` (fields and meaning:
 docs/report.md); tests validate real reports against it, and a schema file, once published, never

@@ -21,7 +21,7 @@ output-dtype bias:
    whose fp32 values differ by an ulp, differ in the residual too.
 
 Together every one of the 9 models reproduces a different set of output bits (tested for
-bfloat16 and float16 outputs in tests/tiles/test_out_bias_probe.py, by running `alibi.identify` on the
+bfloat16 and float16 outputs in tests/tiles/test_out_bias_probe.py, by running `alibi.controls.identify` on the
 emulator of each model). Every output stays a normal number (subnormal results are where GPU and
 interpreter conversions are least trustworthy): for float16 the activation scales are 2⁶ larger,
 and candidates whose residual would fall below 16 times float16's smallest normal are not chosen.

@@ -46,8 +46,8 @@ python - "$R" > "$OUT/summary.txt" <<'PY'
 import sys
 from pathlib import Path
 
-from alibi.boundary import BoundaryReport
-from alibi.mutants import DetectionMatrix
+from alibi.controls.boundary import BoundaryReport
+from alibi.controls.mutant_matrix import DetectionMatrix
 
 R = Path(sys.argv[1])
 times = dict(line.split(" ", 1) for line in (R / "times.txt").read_text().splitlines())

@@ -8,10 +8,10 @@ import torch
 pytest.importorskip("bitsandbytes", reason="the bnb extra is not installed (pip install 'integer-alibi[bnb]')")
 
 from alibi.conform.pipeline import apply_regime  # noqa: E402
+from alibi.controls.identify import identify  # noqa: E402
 from alibi.errors import InputError  # noqa: E402
 from alibi.exact.emulator import EpilogueModel, run_model  # noqa: E402
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
-from alibi.identify import identify  # noqa: E402
 from alibi.kernels.bnb import BNB_CPU, BNB_CUDA, statistics, with_exact_statistics  # noqa: E402
 from alibi.kernels.registry import get_kernel  # noqa: E402
 from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402

@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("torchao", reason="the torchao extra is not installed (pip install 'integer-alibi[torchao]')")
 
+from alibi.controls.identify import identify  # noqa: E402
 from alibi.errors import InputError  # noqa: E402
 from alibi.exact.emulator import TORCHAO_INT8, EpilogueModel, run_model  # noqa: E402
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
-from alibi.identify import identify  # noqa: E402
 from alibi.kernels.registry import get_kernel  # noqa: E402
 from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 

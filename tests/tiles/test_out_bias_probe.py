@@ -7,9 +7,9 @@ from itertools import product
 import pytest
 import torch
 
+from alibi.controls.identify import identify
 from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel
 from alibi.exact.numerics import is_subnormal
-from alibi.identify import identify
 from alibi.kernels.cpu import EmulatorKernel
 from alibi.tiles.out_bias_probe import as_e4m3, out_bias_probe_tiles
 

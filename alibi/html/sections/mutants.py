@@ -22,7 +22,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
-    from alibi.mutants import (  # imported only when a folder holds a matrix
+    from alibi.controls.mutant_matrix import (  # imported only when a folder holds a matrix
         DetectionMatrix,
         heatmap,
     )

@@ -3,8 +3,8 @@ from itertools import product
 import pytest
 
 from alibi.cli import main
+from alibi.controls.identify import identify
 from alibi.exact.emulator import BIAS_MODES, ORDERS
-from alibi.identify import identify
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import synthetic_tiles
 
@@ -63,7 +63,7 @@ class _OutputDtypeBiasOnly:
 
 @pytest.mark.parametrize("model", ["w_then_a+fma", "a_then_w+add_after_cast", "product_first+add_before_cast"])
 def test_identify_probes_a_kernel_taking_its_bias_in_the_output_dtype_with_tiles_it_accepts_and_names_its_model(model):
-    from alibi.identify import DEFAULT_PRESET, probe_tiles
+    from alibi.controls.identify import DEFAULT_PRESET, probe_tiles
 
     kernel = _OutputDtypeBiasOnly.make(model)
     with pytest.raises(Exception, match="bias must be"):
@@ -74,7 +74,7 @@ def test_identify_probes_a_kernel_taking_its_bias_in_the_output_dtype_with_tiles
 
 
 def test_identify_keeps_the_fp32_bias_preset_for_a_kernel_that_takes_any_bias():
-    from alibi.identify import DEFAULT_PRESET, probe_tiles
+    from alibi.controls.identify import DEFAULT_PRESET, probe_tiles
 
     tiles, which = probe_tiles(get_kernel("torch-cpu"))
     assert which.endswith(DEFAULT_PRESET) and tiles[0].bias.dtype.is_floating_point and tiles[0].bias.dtype.itemsize == 4

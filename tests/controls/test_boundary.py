@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from alibi.boundary import (
+from alibi.cli import main
+from alibi.controls.boundary import (
     ROUND_TRIP_VALUES,
     SCHEMA,
     BoundaryReport,
@@ -18,7 +19,6 @@ from alibi.boundary import (
     separating_scale,
     target_operands,
 )
-from alibi.cli import main
 from alibi.exact.emulator import exact_accumulator
 from alibi.exact.numerics import bits
 

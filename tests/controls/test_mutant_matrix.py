@@ -8,8 +8,8 @@ from faulty_kernels import OneUlpUp
 
 from alibi.cli import main
 from alibi.conform.checks import CHECKS
+from alibi.controls.mutant_matrix import SCHEMA, DetectionMatrix, heatmap, run_matrix, to_markdown
 from alibi.kernels.registry import get_kernel, register
-from alibi.mutants import SCHEMA, DetectionMatrix, heatmap, run_matrix, to_markdown
 from alibi.tiles.exposing import exposing_tile, fp32_partials_tile
 from alibi.tiles.tile import save_tile
 
