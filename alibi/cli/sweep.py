@@ -147,7 +147,7 @@ def run_rows(args: argparse.Namespace) -> int:
     for p in sweep.points:
         print(f"  M={p.M:>5}: {p.rate.events} of {p.elements} differ ({p.rate.rate * 1e6:.3g} ppm, "
               f"{sweep.confidence:.0%} CI {p.rate.low * 1e6:.3g}–{p.rate.high * 1e6:.3g}), max ulp {p.max_ulp}")
-    from alibi.stats.depth import format_p
+    from alibi.sweep.depth_fits import format_p
 
     h, tr, ratio = sweep.homogeneity, sweep.trend, sweep.ratio
     g = lambda x: "unbounded" if x is None else f"{x:.3g}"

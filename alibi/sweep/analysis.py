@@ -1,6 +1,6 @@
 """`alibi analyze depth`: fit every given depth sweep, attach a rows sweep, write fits.json, fits.md and figures.
 
-`fits.json` is a `DepthAnalysis` (schema `alibi-depth-fits/v1`): one `alibi.stats.depth.DepthFits`
+`fits.json` is a `DepthAnalysis` (schema `alibi-depth-fits/v1`): one `alibi.sweep.depth_fits.DepthFits`
 per input sweep, in the order given, plus the rows sweep when one is passed. `fits.md` renders it
 (`alibi.sweep.summary`); `depth.png|svg` and `rows.png|svg` are the figures (`alibi.sweep.figure`); `alibi.sweep.output` writes the folder.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from alibi.io.typed import TypedResult
-from alibi.stats.depth import LEVEL, DepthFits, fit_depth
+from alibi.sweep.depth_fits import LEVEL, DepthFits, fit_depth
 from alibi.sweep.records import DepthInput, RowsSweep
 
 FITS_SCHEMA = "alibi-depth-fits/v1"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from alibi.stats.depth import DepthData, DepthFits
-from alibi.stats.rates import binomial_rate
+from alibi.sweep.depth_fits import DepthData, DepthFits
+from alibi.sweep.rates import binomial_rate
 from alibi.sweep.records import RowsSweep
 
 UPPER_BOUND_LEVEL = 0.95

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from alibi.governance import build_predicate, resource, treatment_of, write_manifest
 from alibi.io import atomic
-from alibi.stats.depth import DepthData
 from alibi.sweep.analysis import FITS_JSON, FITS_MD, DepthAnalysis
 from alibi.sweep.arms import Arm
+from alibi.sweep.depth_fits import DepthData
 from alibi.sweep.records import (
     DEPTH_CSV,
     DEPTH_JSON,

@@ -4,7 +4,7 @@ A depth-sweep folder holds `depth.json` (`DepthSweep`, schema `alibi-depth-sweep
 (one row per (seed, K), columns `CSV_COLUMNS`) and `manifest.json`; a rows-sweep folder holds
 `rows.json` (`RowsSweep`, `alibi-rows-sweep/v1`), `rows.csv` and `manifest.json`. Every field is
 documented in docs/sweeps.md. `read_depth_input` turns a depth-sweep folder, its JSON, or any CSV
-with at least `seed,K,frac_differ` into `alibi.stats.depth.DepthData`, refusing a malformed CSV with
+with at least `seed,K,frac_differ` into `alibi.sweep.depth_fits.DepthData`, refusing a malformed CSV with
 one line naming the row and column.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from alibi.errors import InputError
 from alibi.io.typed import TypedResult
-from alibi.stats.depth import DepthData
-from alibi.stats.rates import BinomialRate, Homogeneity, PoissonTrend, RatioBound
 from alibi.sweep.compare import Comparison
+from alibi.sweep.depth_fits import DepthData
+from alibi.sweep.rates import BinomialRate, Homogeneity, PoissonTrend, RatioBound
 
 DEPTH_SCHEMA = "alibi-depth-sweep/v1"
 ROWS_SCHEMA = "alibi-rows-sweep/v1"

@@ -13,7 +13,7 @@ on its column's scale s_w as well as on its own accumulator and s_a, so elements
 not fully independent: the `dispersion` test of each M point checks whether the rate varies between
 blocks more than binomial counts would.
 
-Statistics (`alibi.stats.rates`): per M the exact (Clopper–Pearson) interval; across M the
+Statistics (`alibi.sweep.rates`): per M the exact (Clopper–Pearson) interval; across M the
 homogeneity tests (χ², G, exact conditional), the Poisson trend `rate ∝ M^b` with the factor across
 the M range compatible at 90%, and the largest ratio between any two M points' rates compatible at
 90% (Bonferroni over the pairs).
@@ -30,12 +30,12 @@ import torch
 from alibi.errors import InputError
 from alibi.io.limits import check_gemm_size
 from alibi.io.progress import ProgressCallback
-from alibi.stats.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
 from alibi.sweep.compare import count_differences
 from alibi.sweep.depth import _both, validate_ks, validate_shape
 from alibi.sweep.operands import FORMATS, FP8_SCALES, OperandSpec, draw
+from alibi.sweep.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
 from alibi.sweep.records import RowsPoint, RowsSweep
 
 DEFAULT_MS = (1, 4, 16, 64, 256, 512, 4096)

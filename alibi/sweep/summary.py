@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from alibi.stats.depth import CRITERION, DepthFits, Stability, format_p
-from alibi.stats.rates import Homogeneity, PoissonTrend
 from alibi.sweep.analysis import DepthAnalysis
+from alibi.sweep.depth_fits import CRITERION, DepthFits, Stability, format_p
+from alibi.sweep.rates import Homogeneity, PoissonTrend
 from alibi.sweep.records import RowsSweep
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from alibi.stats.depth import DepthData, fit_depth
 from alibi.sweep.analysis import progress_line
+from alibi.sweep.depth_fits import DepthData, fit_depth
 
 KS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 

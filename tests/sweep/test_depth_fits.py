@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from alibi.io.typed import from_plain, to_plain
-from alibi.stats.depth import MODELS, DepthData, fit_depth
+from alibi.sweep.depth_fits import MODELS, DepthData, fit_depth
 
 KS = tuple(512 * 2**i for i in range(7))  # the paper's grid, 512 … 32768
 CURVES = {
@@ -156,7 +156,7 @@ def test_constant_rate_counts_bound_the_trend_they_could_hide():
 
 
 def test_depth_fits_round_trip_through_plain_json():
-    from alibi.stats.depth import DepthFits
+    from alibi.sweep.depth_fits import DepthFits
 
     fits = fit_depth(binomial_rows(CURVES["power"], np.random.default_rng(4), seeds=3), source="t", label="t",
                      bootstrap=20)

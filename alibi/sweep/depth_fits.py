@@ -24,7 +24,7 @@ recorded) with a percentile CI90 and a pointwise band for the curve; a seed jack
 
 With counts (INT8 sweeps, or any input giving `n` and `n_differing`): per-K pooled rates with exact
 intervals, homogeneity across K (χ², G, exact conditional) and the Poisson trend in K with the
-factor of change across the K range that the counts cannot exclude (`alibi.stats.rates`).
+factor of change across the K range that the counts cannot exclude (`alibi.sweep.rates`).
 
 Every statement says "compatible with"; a fit is a description of these data, not a law. Degenerate
 input gets a status, never NaN: `all-zero` (no differing element anywhere), `too-few-K` (fewer
@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from alibi.stats.rates import (
+from alibi.sweep.rates import (
     BinomialRate,
     Homogeneity,
     PoissonTrend,
@@ -351,7 +351,7 @@ class KSummary:
 
 @dataclass(frozen=True)
 class CountTests:
-    """Constant-rate tests on the pooled counts per K (see `alibi.stats.rates`)."""
+    """Constant-rate tests on the pooled counts per K (see `alibi.sweep.rates`)."""
 
     total_events: int
     total_elements: int

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from alibi.stats.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
+from alibi.sweep.rates import binomial_rate, homogeneity, poisson_trend, ratio_bound
 
 
 def test_zero_events_upper_bound_is_the_closed_form_clopper_pearson_bound():
