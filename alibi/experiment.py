@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alibi.conform.report import write_reports
 from alibi.conform.results import Report
 from alibi.conform.unit_store import unit_files
 from alibi.errors import InputError, one_line, shown
+from alibi.governance.criteria import CRITERIA_FILE, evaluate_study, study_criteria
 from alibi.governance.environment import environment_record, toolkit_record, working_tree
 from alibi.governance.identity import flatten
 from alibi.governance.manifest import (
@@ -61,6 +63,7 @@ from alibi.governance.manifest import (
 from alibi.governance.prereg import ProtocolRecord, ProtocolViolation, require_locked
 from alibi.io import atomic, jsonio, yamlio
 from alibi.io.limits import check_seed
+from alibi.io.progress import Progress
 
 RUN_SCHEMA = "alibi.run/v1"
 RUN_RECORD = "run.json"
@@ -227,6 +230,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if flip_threshold is not None and replay is None:
         raise _bad(file, "flip_threshold bounds the flip rate of a replay: add `replay: FLIPS.json` too")
     if replay is not None:
+        # deferred: keeps torch out of start-up
         from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, check_bound
 
         try:
@@ -262,6 +266,7 @@ def check_pinned(folder: Path, pinned: Path) -> None:
 
 def resolve_inputs(exp: Experiment):
     """The run's `TileSource` (alibi.conform.pipeline), after checking every pin the experiment declares."""
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import source_from_dir, source_from_preset
 
     src = exp.source
@@ -322,8 +327,8 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     Nothing is written before every input is checked: paths (the run folder must not overlap an
     input), the protocol, the kernels and the tiles' formats against both kernels.
     """
+    # deferred: keeps torch out of start-up
     from alibi.conform import pipeline
-    from alibi.conform.report import write_reports
 
     target = out if out is not None else exp.out
     if target is None:
@@ -335,7 +340,6 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     atomic.check_writable_dir(out)
     protocol = require_locked(exp.prereg) if exp.prereg else None
     if protocol is not None:  # refuse a study whose acceptance criteria cannot be read, before measuring
-        from alibi.governance.criteria import study_criteria
 
         study_criteria(exp.prereg)
     tree = require_committed_code(exp, allow_dirty) if protocol is not None else None
@@ -344,6 +348,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     inputs = resolve_inputs(exp)
     replay = None
     if exp.replay is not None:
+        # deferred: keeps torch out of start-up
         from alibi.conform.token_risk import load_replay
 
         replay = load_replay(exp.replay, exp.flip_threshold)
@@ -383,6 +388,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     # The report carries no timestamp of its own (created_at=None): the run's one timestamp lives
     # in the manifest, so every other byte of the folder is reproducible.
     created_at = utc_now()
+    # deferred: keeps jinja2 out of start-up
     from alibi.html import write_conform_html
 
     # The report folder is staged and renamed into place once (a kill leaves the old one or none).
@@ -390,7 +396,6 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         write_conform_html(report, stage)  # before report.json, which write_reports writes last
         write_reports(report, stage)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
-        from alibi.governance.criteria import CRITERIA_FILE, evaluate_study
 
         judged = evaluate_study(exp.prereg, {"report": out / REPORT_DIR / "report.json"})
         atomic.write_text(out / CRITERIA_FILE, judged.to_json())
@@ -459,6 +464,7 @@ def require_committed_code(exp: Experiment, allow_dirty: bool) -> dict[str, Any]
 def check_formats(pair: Any, tiles: list) -> None:
     """InputError before anything is written unless both kernels take every tile's operand format
     (`alibi.conform.pipeline.check_formats`)."""
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import check_formats as check
 
     check(pair, tiles)
@@ -473,8 +479,6 @@ def _recheck_protocol(exp: Experiment, before: ProtocolRecord) -> None:
 
 def stderr_progress() -> Callable[[int, int, str], None]:
     """Per-unit progress on stderr: a bar on a terminal, plain lines otherwise (alibi.io.progress)."""
-    from alibi.io.progress import Progress
-
     return Progress("run", stream=sys.stderr)
 
 

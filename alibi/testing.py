@@ -12,12 +12,14 @@ fired check (and, with `strict=True`, per required check that could not be appli
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
 from alibi.conform.checks import DEFAULT_ULP_THRESHOLD
 from alibi.conform.pipeline import REGIMES, Pair, TileSource, run_conformance, source_from_dir, source_from_preset, source_from_tiles
 from alibi.conform.results import Report
+from alibi.errors import InputError, one_line
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import PRESETS
@@ -43,9 +45,6 @@ def _source(tiles: Iterable[Tile] | str | Path, seed: int) -> TileSource:
         return source_from_preset(tiles, seed=seed)
     if isinstance(tiles, str | Path):
         if not Path(tiles).is_dir():  # neither a preset nor a folder: name both kinds of answer
-            import difflib
-
-            from alibi.errors import InputError, one_line
 
             close = difflib.get_close_matches(str(tiles), list(PRESETS), n=1)
             raise InputError(f"tiles {one_line(str(tiles))!r}: neither a synthetic preset nor a folder of tiles"

@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io import atomic
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("depth", help="fit the fraction differing against K; figures of depth and rows sweeps",
@@ -23,8 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.sweep.analysis import analyze
     from alibi.sweep.output import write_analysis_folder
     from alibi.sweep.records import read_depth_input, read_rows_sweep

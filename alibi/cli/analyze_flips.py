@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.tokens.flips import (
         DEFAULT_BOOTSTRAP,
         FLIPS_FILE,

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.conform.bench import bench_conform, format_table
 from alibi.errors import InputError, KernelUnavailable
 from alibi.io import atomic
 
@@ -50,9 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_conform(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     import torch
 
-    from alibi.conform.bench import bench_conform, format_table
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import choose_pair, source_from_dir, source_from_preset
 
     if args.repeats < 1:
@@ -99,8 +101,10 @@ def _shapes(specs: list[str] | None) -> list[tuple[int, int, int]] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     import torch
 
+    # deferred: keeps torch out of start-up
     from alibi.kernels.bench import FP8_KERNELS, INT8_KERNELS, Case, default_cases, format_table, run_bench, write_report
     from alibi.kernels.registry import get_kernel
 

@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io import atomic
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("boundary", help="check the 2^24, int32, pow2 and bf16-midpoint facts through each int8 kernel",
@@ -21,13 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.controls.boundary import run_boundary, summary_lines
-    from alibi.io import atomic
 
     if args.out is not None:
         if args.out.is_dir():
-            from alibi.errors import InputError
-
             raise InputError(f"--out {args.out}: is a folder; give a file name such as {args.out}/boundary.json")
         atomic.check_writable_dir(args.out.parent)
 

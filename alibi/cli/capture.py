@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
+
+from alibi.errors import InputError
+from alibi.governance.environment import environment_record
+from alibi.io import atomic
+from alibi.io.progress import progress
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -38,17 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _progress(args: argparse.Namespace):
     """Progress on stderr (alibi.io.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
-    from alibi.io.progress import progress
-
     return progress(args.command, quiet=args.quiet, unit="stage")
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.model.capture import capture_to_folder
 
     if args.engine == "vllm":
+        # deferred: keeps numpy out of start-up
         from alibi.engine.vllm_runs import capture_with_vllm
-        from alibi.errors import InputError
 
         if args.device not in (None, "cpu"):
             raise InputError(f"--device {args.device}: --engine vllm runs the engine vLLM was built for (the CPU here)")
@@ -65,11 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def overhead(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from alibi.errors import InputError
-    from alibi.governance.environment import environment_record
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.model.capture import capture_overhead, require_quantized
     from alibi.model.prompts import load_prompt_set
     from alibi.model.runner import load_model

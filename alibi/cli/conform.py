@@ -9,11 +9,13 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from alibi.conform.report import summary_lines, write_reports
-from alibi.conform.unit_store import discard
+from alibi.conform.shard import SourceSpec, parse_devices, require_ray, run_sharded
+from alibi.conform.unit_store import discard, unit_files
 from alibi.errors import InputError, KernelRaised, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.limits import check_seed
+from alibi.kernels.catalog import check_kernel_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,8 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _interrupted(args: argparse.Namespace) -> str:
     """What Ctrl-C leaves: no report, and the finished units (each written atomically) for --resume."""
-    from alibi.conform.unit_store import unit_files
-
     units = units_dir(args.out)
     done = len(unit_files(units))
     if not (units / "plan.json").is_file():
@@ -73,8 +73,6 @@ def units_dir(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.kernels.catalog import check_kernel_name
-
     check_kernel_name(args.kernel_a, "--kernel-a")  # a mistyped name is refused before torch loads
     check_kernel_name(args.kernel_b, "--kernel-b")
     # Imported here, not at the top: `alibi --help` must not import torch.
@@ -107,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
     pair = choose_pair(args.kernel_a, args.kernel_b)
     check_formats(pair, source.tiles)  # before any folder is created
     if args.ray is not None:
-        from alibi.conform.shard import require_ray
-
         require_ray()
     if args.resume and not resume:
         finished = (args.out / "report.json").is_file()
@@ -153,8 +149,6 @@ def run(args: argparse.Namespace) -> int:
 def _no_debris(units: Path, out: Path, fresh: bool):
     """A fresh run that fails before it kept any unit leaves nothing: not the units folder with its plan,
     nor the folders created on the way to --out."""
-    from alibi.conform.unit_store import unit_files
-
     made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     try:
         yield
@@ -169,6 +163,7 @@ def _no_debris(units: Path, out: Path, fresh: bool):
 
 def _units_and_report(args, pair, source, regimes, units, resume, replay, parameters, plan_parameters):
     """Every unit (sharded first when asked, then read back) and the report folded from them."""
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import progress_printer, run_conformance
 
     computed_elsewhere = 0
@@ -176,7 +171,7 @@ def _units_and_report(args, pair, source, regimes, units, resume, replay, parame
         # The shards compute every unit into the units folder; run_conformance below then only reads them
         # (resume=True), so the report is the one this command writes without sharding. The devices go into
         # the manifest's parameters only: report.json and the plan do not depend on them.
-        from alibi.conform.shard import SourceSpec, parse_devices, run_sharded
+        # deferred: keeps torch out of start-up
         from alibi.tiles.synthetic import DEFAULT_PRESET
 
         if replay is not None:

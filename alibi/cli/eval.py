@@ -8,6 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.governance.environment import environment_record
+from alibi.io import atomic
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder: dense (bf16) or W8A8")
@@ -47,13 +51,12 @@ def _window_progress(args: argparse.Namespace, what: str):
 
 
 def _load(args: argparse.Namespace):
-    from alibi.errors import InputError
+    # deferred: keeps torch out of start-up
     from alibi.model.checkpoint import verified_checkpoint
     from alibi.model.prompts import load_prompt_set, require_tokenizer_match
     from alibi.model.runner import load_model
 
     if args.out is not None:  # refuse a bad --out before the (slow) model load, not after the work
-        from alibi.io import atomic
 
         if args.out.is_dir():
             raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
@@ -77,14 +80,12 @@ def _load(args: argparse.Namespace):
 
 def _emit(args: argparse.Namespace, doc: dict) -> None:
     if args.out:
-        from alibi.governance.environment import environment_record
-        from alibi.io import atomic
-
         atomic.write_text(args.out, json.dumps({**doc, "environment": environment_record()}, indent=2,
                                                sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def perplexity(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.model.evaluate import perplexity as run
 
     lm, prompts, record = _load(args)
@@ -98,7 +99,7 @@ def perplexity(args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
+    # deferred: keeps torch out of start-up
     from alibi.model.evaluate import greedy_continuations
 
     lm, prompts, record = _load(args)
@@ -129,6 +130,7 @@ def generate(args: argparse.Namespace) -> int:
 
 def _decoder(model_dir: Path):
     try:
+        # deferred: keeps tokenizers out of start-up
         from tokenizers import Tokenizer
     except ImportError:
         return None

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from alibi.kernels.catalog import check_kernel_name
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("identify", help="which known epilogue model a kernel's output bits match")
@@ -22,9 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.kernels.catalog import check_kernel_name
-
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
+    # deferred: keeps torch out of start-up
     from alibi.controls.identify import identify, probe_tiles
     from alibi.kernels.registry import get_kernel
     from alibi.tiles.synthetic import synthetic_tiles

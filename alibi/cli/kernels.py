@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def kernel_rows() -> list[dict]:
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel, kernel_names
 
     rows = []
@@ -46,6 +47,7 @@ def list_kernels(args: argparse.Namespace) -> int:
 
 
 def build_kernel(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel
 
     kernel = get_kernel(args.name)

@@ -9,15 +9,20 @@ from pathlib import Path
 
 from alibi.errors import InputError, one_line
 from alibi.governance.identity import TREATMENTS, compare_manifests
+from alibi.governance.kernel_log import read_kernel_log
 from alibi.governance.manifest import (
     KINDS,
     build_predicate,
+    engine_treatment,
     manifest_path,
     resource,
     statement_problems,
+    treatment_of,
     verify_files,
     write_manifest,
 )
+from alibi.governance.provenance import find_provenance
+from alibi.io import jsonio
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,13 +85,12 @@ def _treatment(args: argparse.Namespace):
         if args.arm is not None:
             raise InputError("--arm labels a treatment: give --kernel NAME and/or --kernel-log FILE with it")
         return None
-    from alibi.governance.kernel_log import read_kernel_log
-    from alibi.governance.manifest import engine_treatment, treatment_of
 
     arm = args.arm or args.folder.resolve().name
     log = read_kernel_log(args.kernel_log) if args.kernel_log is not None else None
     if args.kernel is None:
         return engine_treatment(log, arm)
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel
 
     return treatment_of(get_kernel(args.kernel), arm, kernel_log=log)
@@ -135,8 +139,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _parsed(p: Path) -> tuple[object, list[str]]:
     """The manifest's JSON and no problem, or None and the one problem that it is not readable JSON."""
-    from alibi.io import jsonio
-
     try:
         return jsonio.read(p), []
     except InputError as exc:
@@ -144,8 +146,6 @@ def _parsed(p: Path) -> tuple[object, list[str]]:
 
 
 def _provenance(args: argparse.Namespace) -> int:
-    from alibi.governance.provenance import find_provenance
-
     missing = 0
     for result in args.result:
         p = find_provenance(result, args.repo)

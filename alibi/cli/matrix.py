@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from alibi.conform.matrix import run_matrix, to_markdown
+from alibi.errors import InputError, one_line
+from alibi.governance import build_predicate, treatment_of, write_manifest
+from alibi.io import atomic
+from alibi.io.limits import check_seed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,15 +40,9 @@ MATRIX_FOLDER_FILES = frozenset({"matrix.json", "matrix.md", "report.html", "man
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from alibi.conform.matrix import run_matrix, to_markdown
+    # deferred: keeps jinja2 and torch out of start-up
     from alibi.conform.pipeline import progress_printer, source_from_dir, source_from_preset, validate_regimes
-    from alibi.errors import InputError, one_line
-    from alibi.governance import build_predicate, treatment_of, write_manifest
     from alibi.html import write_report_html
-    from alibi.io import atomic
-    from alibi.io.limits import check_seed
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(regimes)} regimes", file=sys.stderr)
     matrix = run_matrix(names, source, regimes, available_only=args.available_only, ulp_threshold=args.ulp_threshold,
                         progress=None if args.quiet else progress_printer())
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel
 
     arms = {k.name: treatment_of(get_kernel(k.name), k.name) for k in matrix.kernels}

@@ -9,6 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
+from alibi.io.progress import progress
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="prepare and inspect model checkpoints")
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from alibi.io.progress import progress
+    # deferred: keeps torch out of start-up
     from alibi.model.prepare import prepare_model
 
     p = prepare_model(args.name, args.out, args.gguf, args.scale_dtype,
@@ -39,6 +41,7 @@ def prepare(args: argparse.Namespace) -> int:
 
 
 def describe(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.model.checkpoint import (
         read_config,
         read_tensors,

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.governance import build_predicate, resource, treatment_of
+from alibi.io import atomic
+from alibi.io.progress import progress
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mutants", help="which checks catch which deliberately faulty kernel (detection matrix)",
@@ -33,6 +38,7 @@ def _list(text: str | None) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import validate_regimes
     from alibi.controls.mutant_matrix import (
         check_tiles,
@@ -40,10 +46,6 @@ def run(args: argparse.Namespace) -> int:
         run_matrix,
         write_matrix,
     )
-    from alibi.errors import InputError
-    from alibi.governance import build_predicate, resource, treatment_of
-    from alibi.io import atomic
-    from alibi.io.progress import progress
     from alibi.kernels.registry import get_kernel
     from alibi.tiles.exposing import EXPOSING_TILES, exposing_tiles
     from alibi.tiles.synthetic import synthetic_tiles

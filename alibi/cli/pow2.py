@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.model.pow2_rewrite import pow2_rewrite, summary_lines
 
     result = pow2_rewrite(args.input, args.output, args.mode, requantize_from=args.requantize_from,

@@ -10,6 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.conform.pair_prediction import declared_model, predict_pair
+from alibi.errors import InputError
+from alibi.io import atomic
+from alibi.io.limits import check_seed
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict per layer, before any kernel runs, which tiles stay below 2^24")
@@ -33,11 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_pair(args: argparse.Namespace) -> int:
-    from alibi.conform.pair_prediction import declared_model, predict_pair
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import source_from_dir, source_from_preset
-    from alibi.errors import InputError
-    from alibi.io import atomic
-    from alibi.io.limits import check_seed
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
     check_seed(args.seed, "--seed")
@@ -75,6 +77,7 @@ def run_pair(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.model.predictions import write_predictions
 
     doc = write_predictions(args.tiles, args.out)

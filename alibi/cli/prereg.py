@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alibi.errors import one_line
+from alibi.errors import InputError, one_line
 from alibi.governance import prereg
+from alibi.governance.criteria import evaluate_study
+from alibi.io import atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -85,10 +87,6 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-    from alibi.governance.criteria import evaluate_study
-    from alibi.io import atomic
-
     sources = {}
     for item in args.result:
         name, sep, path = item.partition("=")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+
+from alibi.errors import InputError
+from alibi.io import atomic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.model.prompts import build_prompt_set, file_text, wikipedia_text
 
     if args.wikipedia is not None and (args.sha256 or args.attribution):
@@ -43,8 +46,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
-    import json
-
+    # deferred: keeps torch out of start-up
     from alibi.model.prompts import WINDOWS_FILE, load_prompt_set
 
     ps = load_prompt_set(args.folder)

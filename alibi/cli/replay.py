@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io.progress import progress
+
 
 def _inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder (W8A8, or dense without --kernel)")
@@ -73,9 +76,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def teacher_forced(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-    from alibi.io.progress import progress
-
     pair = args.kernel_a is not None or args.kernel_b is not None
     if pair:
         if args.kernel is not None or args.arm is not None:
@@ -88,6 +88,7 @@ def teacher_forced(args: argparse.Namespace) -> int:
                              "record a protocol yet: run it without --prereg")
         return _teacher_forced_vllm(args, pair)
     if pair:
+        # deferred: keeps torch out of start-up
         from alibi.tokens.teacher_forced import run_pair
 
         code = run_pair(args.model, args.prompts, args.out, kernel_a=args.kernel_a, kernel_b=args.kernel_b,
@@ -95,12 +96,14 @@ def teacher_forced(args: argparse.Namespace) -> int:
                         overwrite=args.overwrite, quiet=args.quiet, deterministic=not args.nondeterministic,
                         prereg=args.prereg)
         if code == 0:
+            # deferred: keeps torch out of start-up
             from alibi.tokens.flips import read_flips
 
             fa = read_flips(args.out / "flips")
             print(f"teacher-forced: {args.kernel_a} (arm-a) vs {args.kernel_b} (arm-b): {fa.n_flips} flips in "
                   f"{fa.n_positions} positions; {args.out / 'flips'}")
         return code
+    # deferred: keeps torch out of start-up
     from alibi.tokens.teacher_forced import run_teacher_forced
 
     arm = run_teacher_forced(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
@@ -113,8 +116,8 @@ def teacher_forced(args: argparse.Namespace) -> int:
 
 
 def _teacher_forced_vllm(args: argparse.Namespace, pair: bool) -> int:
+    # deferred: keeps numpy out of start-up
     from alibi.engine import vllm_runs
-    from alibi.errors import InputError
 
     if args.device not in (None, "cpu") or args.nondeterministic:
         raise InputError("--device and --nondeterministic configure the own runner; --engine vllm runs vLLM as it is")
@@ -136,8 +139,7 @@ def _teacher_forced_vllm(args: argparse.Namespace, pair: bool) -> int:
 
 
 def greedy(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-    from alibi.io.progress import progress
+    # deferred: keeps torch out of start-up
     from alibi.tokens import greedy as lib
 
     if args.kernel_a is not None or args.kernel_b is not None:
@@ -172,8 +174,8 @@ def greedy(args: argparse.Namespace) -> int:
 
 
 def _greedy_vllm(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
     from alibi.engine.vllm_runs import greedy_agreement_with_vllm
-    from alibi.errors import InputError
     from alibi.tokens.greedy import summary_lines
 
     if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1:
@@ -189,7 +191,7 @@ def _greedy_vllm(args: argparse.Namespace) -> int:
 
 
 def prefill_vs_decode(args: argparse.Namespace) -> int:
-    from alibi.io.progress import progress
+    # deferred: keeps torch out of start-up
     from alibi.tokens.prefill_decode import run_prefill_vs_decode, summary_lines
 
     result = run_prefill_vs_decode(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,

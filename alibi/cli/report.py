@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from alibi.io import atomic
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render reports from result folders",
@@ -26,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _html(args: argparse.Namespace) -> int:
+    # deferred: keeps jinja2 out of start-up
     from alibi.html import check_output, default_output, render_folder
-    from alibi.io import atomic
 
     if args.out is not None:
         check_output(args.out)  # refuse a bad destination before any work

@@ -6,6 +6,10 @@ import argparse
 import math
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io import atomic
+from alibi.io.progress import progress
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="sweep K (depth) or M (rows) and measure how two kernels' outputs differ")
@@ -63,8 +67,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
-    from alibi.errors import InputError
-
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -75,8 +77,6 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 
 
 def _count(text: str, option: str) -> int:
-    from alibi.errors import InputError
-
     try:
         value = float(text)
     except ValueError:
@@ -88,13 +88,11 @@ def _count(text: str, option: str) -> int:
 
 def _progress(args: argparse.Namespace, what: str, unit: str):
     """Per-unit progress on stderr (alibi.io.progress: a bar on a terminal, lines elsewhere, nothing under --quiet)."""
-    from alibi.io.progress import progress
-
     return progress(f"sweep {what}", quiet=args.quiet, unit=unit)
 
 
 def run_depth(args: argparse.Namespace) -> int:
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.sweep.arms import home_device, resolve_pair
     from alibi.sweep.depth import DepthPlan, run_depth_sweep
     from alibi.sweep.output import write_depth_folder
@@ -127,7 +125,7 @@ def run_depth(args: argparse.Namespace) -> int:
 
 
 def run_rows(args: argparse.Namespace) -> int:
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.sweep.arms import home_device, resolve_pair
     from alibi.sweep.output import write_rows_folder
     from alibi.sweep.rows import RowsPlan, run_rows_sweep
@@ -147,6 +145,7 @@ def run_rows(args: argparse.Namespace) -> int:
     for p in sweep.points:
         print(f"  M={p.M:>5}: {p.rate.events} of {p.elements} differ ({p.rate.rate * 1e6:.3g} ppm, "
               f"{sweep.confidence:.0%} CI {p.rate.low * 1e6:.3g}–{p.rate.high * 1e6:.3g}), max ulp {p.max_ulp}")
+    # deferred: keeps numpy out of start-up
     from alibi.sweep.depth_fits import format_p
 
     h, tr, ratio = sweep.homogeneity, sweep.trend, sweep.ratio

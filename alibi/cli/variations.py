@@ -6,6 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io import atomic
+from alibi.io.progress import progress
+from alibi.tokens import locate as lib
+from alibi.tokens.setup import check_output
+
 
 def _sizes(text: str) -> tuple[int, ...]:
     try:
@@ -46,9 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def variations(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
+    # deferred: keeps jinja2 and torch out of start-up
     from alibi.html import write_report_html
-    from alibi.io.progress import progress
     from alibi.tokens import variations as lib
 
     if args.execution is not None:
@@ -73,13 +78,8 @@ def variations(args: argparse.Namespace) -> int:
 
 
 def locate(args: argparse.Namespace) -> int:
-    from alibi.io import atomic
-    from alibi.tokens import locate as lib
-
     result = lib.locate(args.run_a, args.run_b)
     if args.out is not None:
-        from alibi.tokens.setup import check_output
-
         check_output(args.out, {"run_a": args.run_a, "run_b": args.run_b}, overwrite=False)
         with atomic.staged_dir(args.out) as stage:
             atomic.write_text(Path(stage) / lib.RESULT_FILE, result.to_json())

@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from alibi.governance.environment import environment_record
+
 SCHEMA = "alibi.bench-conform/v1"
 
 
@@ -71,6 +73,7 @@ class ConformBench:
 
 
 def reference_path(device: str) -> str:
+    # deferred: keeps torch out of start-up
     import torch
 
     if device == "cuda":
@@ -87,10 +90,11 @@ def _comparable(report) -> list[tuple]:
 
 def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes=("real", "pow2"),
                   progress=None) -> ConformBench:
+    # deferred: keeps torch out of start-up
     import torch
 
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import StageTimer, run_conformance, source_from_tiles
-    from alibi.governance.environment import environment_record
 
     warm = source_from_tiles(source.tiles[:1], "warm-up")
     timings, reports = [], []

@@ -32,6 +32,8 @@ it back through `Matrix.from_json`.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 from collections.abc import Callable, Sequence
@@ -39,6 +41,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from alibi.conform.verdict import Verdict
+from alibi.errors import InputError
+from alibi.governance.environment import toolkit_record
 
 if TYPE_CHECKING:
     import torch
@@ -204,8 +208,7 @@ def operand_key(tile: Tile) -> str:
     each tile digested when it was read, and a regime changes only scales), the shapes and dtypes, and the bytes
     of the small operands (scales, bias) and the output dtype. Hashing the int8/fp8 matrices themselves on every
     request would cost more than the kernels on a GPU."""
-    import hashlib
-
+    # deferred: keeps torch out of start-up
     import torch
 
     h = hashlib.sha256(f"{tile.name}\0{tile.out_dtype}".encode())
@@ -248,6 +251,7 @@ class RecordedKernel:
         return self.kernel.evidence()
 
     def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False, evidence: bool = True):
+        # deferred: keeps torch out of start-up
         from alibi.kernels.base import KernelOutput
 
         key = operand_key(tile)
@@ -271,8 +275,10 @@ class RecordedKernel:
 def self_checks(kernel: RecordedKernel, tiles: Sequence[Tile]) -> tuple[Verdict, ...]:
     """M-invariance and run-to-run of one kernel over the real-scale tiles: its recorded output of each tile
     against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.pipeline.sub_batches`)."""
+    # deferred: keeps torch out of start-up
     import torch
 
+    # deferred: keeps torch out of start-up
     from alibi.conform import checks
     from alibi.conform.pipeline import sub_batches
     from alibi.kernels.base import private_copy
@@ -318,6 +324,7 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
     otherwise one that cannot run raises KernelUnavailable (exit 3). kernels: the kernel objects (default:
     `get_kernel(name)` for each name). created_at: default now (`alibi.conform.pipeline.created_now`).
     """
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import (
         Pair,
         apply_regime,
@@ -326,7 +333,6 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
         run_conformance,
         validate_regimes,
     )
-    from alibi.errors import InputError
     from alibi.kernels.registry import get_kernel
 
     names = list(names)
@@ -377,7 +383,6 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
         ok, how = k.available()
         rows.append(MatrixKernel(k.name, k.epilogue.name if k.epilogue else None, how,
                                  _plain(k.first_evidence or k.evidence()), k.launches, tuple(checks_)))
-    from alibi.governance.environment import toolkit_record
 
     env = {**environment(), "toolkit": toolkit_record()}
     return Matrix(created, source.record, tuple(regimes), tuple(rows), tuple(unavailable), tuple(cells), env)
@@ -433,8 +438,7 @@ def to_markdown(m: Matrix) -> str:
 
 def heatmap(m: Matrix) -> bytes:
     """PNG of the grid: one square per pair, coloured by status, labelled with its differing-element count."""
-    import io
-
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

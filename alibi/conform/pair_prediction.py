@@ -64,6 +64,7 @@ class PairPrediction:
 
 def declared_model(name: str):
     """The epilogue model a kernel declares (registry name), or a model named directly (`w_then_a+fma`)."""
+    # deferred: keeps torch out of start-up
     from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel
     from alibi.kernels.registry import get_kernel, kernel_names
 
@@ -83,6 +84,7 @@ def declared_model(name: str):
 
 def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:
     """Predict, per tile and regime, where the declared models of `a` and `b` differ (no kernel runs)."""
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import apply_regime, check_device, difference_cause, prepare, validate_regimes
     from alibi.exact.emulator import apply_epilogue
     from alibi.exact.numerics import bitwise_equal_mask

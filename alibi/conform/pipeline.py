@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,14 +38,18 @@ from alibi.conform.differences import differing_elements
 from alibi.conform.results import SCHEMA, KernelRecord, Report, UnitResult
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
-from alibi.errors import InputError, one_line
+from alibi.errors import InputError, one_line, shown
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.exact.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
+from alibi.governance.environment import environment_record
+from alibi.governance.manifest import digest_set, folder_files
 from alibi.io import atomic
-from alibi.kernels.base import Kernel
-from alibi.kernels.base import operands, private_copy
+from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
+from alibi.io.progress import Progress
+from alibi.kernels.base import Kernel, operands, private_copy
 from alibi.kernels.registry import get_kernel
-from alibi.tiles.tile import Tile
+from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
 
 REGIMES = ("real", "pow2")
 SUB_BATCH_SIZES = (1, 4, 16)
@@ -126,19 +131,12 @@ class TileSource:
 
 def tiles_sha256(tiles: Iterable[Tile]) -> str:
     """One digest over an ordered list of tiles: the listing of each tile's serialized bytes by name."""
-    from alibi.io.digests import sha256_bytes, sha256_listing
-    from alibi.tiles.tile import tile_bytes
-
     return sha256_listing((t.name, sha256_bytes(tile_bytes(t))) for t in tiles)
 
 
 def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
     """The tiles of a folder; every file is digested as it is read (tiles once, through `read_tile_dir`),
     before anything runs, so the folder digest pins the bytes that were checked."""
-    from alibi.governance.manifest import digest_set, folder_files
-    from alibi.io.digests import sha256_file, sha256_listing
-    from alibi.tiles.tile import read_tile_dir
-
     folder = Path(folder)
     read = read_tile_dir(folder)
     digests = [(rel, read[rel][1] if rel in read else sha256_file(folder / rel)) for rel in folder_files(folder)]
@@ -149,9 +147,6 @@ def source_from_dir(folder: str | Path, label: str | None = None) -> TileSource:
 
 def source_from_preset(preset: str, seed: int = 0, rows: int | None = None) -> TileSource:
     """The tiles a synthetic preset draws for `seed` (`rows` overrides its M)."""
-    from alibi.governance.manifest import digest_set
-    from alibi.tiles.synthetic import synthetic_tiles
-
     tiles = tuple(synthetic_tiles(preset, seed=seed, M=rows))
     record = {"label": f"synthetic preset {preset} (seed {seed})", "kind": "synthetic", "preset": preset,
               "rows": tiles[0].M, "n_tiles": len(tiles)}
@@ -159,8 +154,6 @@ def source_from_preset(preset: str, seed: int = 0, rows: int | None = None) -> T
 
 
 def source_from_tiles(tiles: Iterable[Tile], label: str = "tiles given in code") -> TileSource:
-    from alibi.governance.manifest import digest_set
-
     tiles = tuple(tiles)
     return TileSource(tiles, {"label": label, "kind": "tiles", "n_tiles": len(tiles)},
                       {"name": "tiles", "digest": digest_set(tiles_sha256(tiles))})
@@ -446,16 +439,12 @@ def _kernel_record(kernel: Kernel, evidence: dict[str, Any]) -> KernelRecord:
 def environment() -> dict[str, Any]:
     """The environment record of this run: the one the folder's manifest carries too
     (`alibi.governance.environment.environment_record`)."""
-    from alibi.governance.environment import environment_record
-
     return environment_record()
 
 
 def progress_printer(stream=None) -> Callable[[int, int, str], None]:
     """Per-unit progress on `stream` (default: sys.stderr as it is at the call, not at import): a bar on a
     terminal, `[done/total] label (s)` lines otherwise (alibi.io.progress)."""
-    from alibi.io.progress import Progress
-
     return Progress("conform", stream=stream)
 
 
@@ -473,16 +462,12 @@ def created_now() -> str:
 
 def unit_id(index: int, tile_name: str, regime: str) -> str:
     """`0003-real-layers.0.v_proj`: tile position, regime, and the tile name made file-safe."""
-    import re
-
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tile_name)[:80]
     return f"{index:04d}-{regime}-{safe}"
 
 
 def check_formats(pair: Pair, tiles: Iterable[Tile]) -> None:
     """InputError before anything is written unless both kernels take every tile's operand format."""
-    from alibi.errors import shown
-
     for tile in tiles:
         for arm, kernel in (("a", pair.a), ("b", pair.b)):
             formats = tuple(getattr(kernel, "formats", ()) or ())
@@ -495,8 +480,6 @@ def check_formats(pair: Pair, tiles: Iterable[Tile]) -> None:
 def run_plan(pair: Pair, source: TileSource, regimes: list[str], parameters: dict[str, Any]) -> dict[str, Any]:
     """What a run is, for `--resume` to recognise it: the pair, the tiles (digest), the regimes and parameters,
     the toolkit and the machine."""
-    from alibi.governance.environment import environment_record
-
     return {"schema": "alibi.conform-plan/v1", "kernels": [pair.a.name, pair.b.name], "selection": pair.selection,
             "source": source.record, "tiles": source.resource, "regimes": regimes, "parameters": parameters,
             "environment": environment_record()}

@@ -24,8 +24,8 @@ from xml.etree import ElementTree as ET
 
 from alibi.conform.results import KernelRecord, Report, UnitResult
 from alibi.conform.verdict import CHECKS
-from alibi.errors import one_line
-from alibi.io import atomic
+from alibi.errors import InputError, one_line
+from alibi.io import atomic, jsonio
 
 STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
 # How many differing elements `report.md` shows per tile (report.json lists up to the cap of
@@ -296,9 +296,6 @@ def to_junit(report: Report) -> str:
 
 def read_report(path: str | Path) -> Report:
     """A `report.json` (or the folder holding one) as a `Report`; InputError naming the file otherwise."""
-    from alibi.errors import InputError
-    from alibi.io import jsonio
-
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"

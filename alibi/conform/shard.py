@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class SourceSpec:
             raise InputError("a shard's tile source is a folder or a synthetic preset, exactly one of them")
 
     def build(self):
+        # deferred: keeps torch out of start-up
         from alibi.conform.pipeline import source_from_dir, source_from_preset
 
         if self.folder is not None:
@@ -135,6 +137,7 @@ def parse_devices(text: str) -> tuple[str, ...]:
     Refused (InputError): an empty or malformed list, a repeated device, CPU and GPU mixed, a GPU not
     visible here, and GPUs of different models (the kernels' evidence names the GPU model, so units from
     two models would not assemble the report one GPU writes)."""
+    # deferred: keeps torch out of start-up
     import torch
 
     text = text.strip()
@@ -178,6 +181,7 @@ def shard_tiles(n_tiles: int, n_shards: int) -> list[tuple[int, ...]]:
 def _pin(device: str, threads: int):
     """The check device of this worker; `cuda:i` becomes the current GPU, so kernels that use "cuda" run on
     it too."""
+    # deferred: keeps torch out of start-up
     import torch
 
     if threads > 0:
@@ -193,6 +197,7 @@ def _pin(device: str, threads: int):
 
 def run_shard(job: ShardJob) -> int:
     """Compute the units of `job`'s tiles into its units folder (those not there yet); returns how many."""
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import choose_pair, compute_units
 
     device = _pin(job.device, job.threads)
@@ -245,8 +250,8 @@ def _raise_for(outcome: ShardOutcome) -> None:
 
 def _run_processes(jobs: list[ShardJob]) -> list[ShardOutcome]:
     """One spawned process per job; the first failure terminates the others (their finished units stay)."""
+    # deferred: keeps torch out of start-up
     import torch.multiprocessing as tmp
-    from multiprocessing.connection import wait
 
     ctx = tmp.get_context("spawn")  # fork would copy a parent's CUDA context, which CUDA forbids
     running: dict[Any, tuple[ShardJob, Any, Any]] = {}
@@ -285,6 +290,7 @@ def require_ray():
     """The ray module; InputError naming the extra to install where it is missing (checked before a run
     creates anything)."""
     try:
+        # deferred: keeps ray out of start-up
         import ray
     except ImportError:
         raise InputError("--ray needs the ray package: pip install 'integer-alibi[ray]'") from None
@@ -347,6 +353,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     checks the digest. resume/seed/plan_parameters: as for `run_conformance`, which this plan must match.
     Raises InputError / KernelUnavailable / WorkerFailed naming the failed worker; finished units stay.
     """
+    # deferred: keeps torch out of start-up
     from alibi.conform.pipeline import choose_pair, start_units, unit_id, validate_regimes
 
     if (devices is None) == (ray_address is None):

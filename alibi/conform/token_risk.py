@@ -20,6 +20,8 @@ from typing import Any
 from alibi.conform import checks
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_bytes
+from alibi.tokens.flips import FLIPS_FILE, FlipAnalysis
+from alibi.tokens.steps import ALIBI_SHAPE
 
 DEFAULT_FLIP_THRESHOLD = 0.05
 
@@ -74,9 +76,6 @@ def check_bound(bound: Any, where: str = "--flip-threshold") -> float:
 
 def load_replay(path: str | os.PathLike, bound: float = DEFAULT_FLIP_THRESHOLD) -> ReplayEvidence:
     """Read `path` (a flips.json, or the folder holding one) through `FlipAnalysis.from_json`."""
-    from alibi.tokens.flips import FLIPS_FILE, FlipAnalysis
-    from alibi.tokens.steps import ALIBI_SHAPE
-
     bound = check_bound(bound)
     p = Path(path)
     f = p / FLIPS_FILE if p.is_dir() else p

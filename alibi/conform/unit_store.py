@@ -37,8 +37,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from alibi.conform.results import UnitResult
+from alibi.conform.verdict import CHECKS
 from alibi.errors import InputError, one_line
-from alibi.io import atomic
+from alibi.governance.manifest import canonical_json
+from alibi.io import atomic, jsonio
+from alibi.io.digests import sha256_bytes
 
 UNIT_SCHEMA = "alibi.conform-unit/v2"
 LEDGER_SCHEMA = "alibi.conform-ledger/v1"
@@ -53,13 +57,12 @@ def unit_text(doc: dict[str, Any]) -> str:
 
 
 def _sha256(data: bytes) -> str:
-    from alibi.io.digests import sha256_bytes
-
     return sha256_bytes(data)
 
 
 def tile_sha256(tile) -> str:
     """The sha256 of a tile's canonical safetensors bytes (`alibi.tiles.tile.tile_bytes`)."""
+    # deferred: keeps torch out of start-up
     from alibi.tiles.tile import tile_bytes
 
     return _sha256(tile_bytes(tile))
@@ -90,8 +93,6 @@ class UnitStore:
     def start(cls, folder: str | os.PathLike, plan: dict[str, Any], created_at: str | None) -> UnitStore:
         """A fresh units folder holding `plan` (with `created_at`), created in one atomic step; an earlier
         folder at that place is replaced (a fresh run never takes units from an earlier one)."""
-        from alibi.governance.manifest import canonical_json
-
         folder = Path(folder)
         with atomic.staged_dir(folder) as stage:
             atomic.write_text(stage / PLAN_FILE, canonical_json({**plan, "created_at": created_at}))
@@ -101,8 +102,6 @@ class UnitStore:
     def resume(cls, folder: str | os.PathLike, plan: dict[str, Any]) -> tuple[UnitStore, str | None]:
         """The existing folder, if its plan is `plan` (apart from `created_at`); with the first start's
         created_at. InputError naming what differs otherwise."""
-        from alibi.io import jsonio
-
         folder = Path(folder)
         old = jsonio.read(folder / PLAN_FILE)
         if not isinstance(old, dict) or {k: v for k, v in old.items() if k != "created_at"} != plan:
@@ -135,8 +134,6 @@ class UnitStore:
     def _read_ledger(self, path: Path) -> dict[str, set[str]]:
         """{unit id: digests} a ledger of this plan records (a ledger of another plan, or a damaged one,
         records nothing)."""
-        from alibi.io import jsonio
-
         try:
             doc = jsonio.read(path)
         except InputError:
@@ -161,9 +158,6 @@ class UnitStore:
     def read(self, uid: str, tile, regime: str, tile_digest: str, recorded: dict[str, set[str]]):
         """The unit `uid` (tile `tile` under `regime`) and its evidence, after every check of the module
         docstring; InputError naming the file otherwise."""
-        from alibi.conform.results import UnitResult
-        from alibi.io import jsonio
-
         path = self.path(uid)
         label = one_line(str(path))
         fix = "delete it and resume (it is computed again)"
@@ -209,7 +203,7 @@ def _is_int(x: Any) -> bool:
 
 def unit_impossible(unit, tile, regime: str) -> str | None:
     """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds)."""
-    from alibi.conform.verdict import CHECKS
+    # deferred: keeps torch out of start-up
     from alibi.exact.numerics import dtype_name
 
     for name in _INT_FIELDS:

@@ -45,8 +45,8 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, bitwise_equal_mask
-from alibi.kernels.base import Kernel
-from alibi.kernels.base import private_copy
+from alibi.governance.environment import environment_record, toolkit_record
+from alibi.kernels.base import Kernel, private_copy
 from alibi.kernels.registry import get_kernel, kernel_names
 from alibi.tiles.tile import Tile
 
@@ -458,8 +458,6 @@ def run_boundary(names: Iterable[str] | None = None, progress: Callable[[str], N
 
     An explicitly named kernel that is unavailable here raises KernelUnavailable (exit 3).
     """
-    from alibi.governance.environment import environment_record, toolkit_record
-
     explicit = names is not None
     names = list(dict.fromkeys(names)) if explicit else default_kernels()
     kernels = [(n, get_kernel(n)) for n in names]

@@ -27,14 +27,15 @@ from typing import Any
 import torch
 
 from alibi.conform.checks import CHECKS
-from alibi.conform.pipeline import Pair, TileSource, run_conformance, validate_regimes
+from alibi.conform.pipeline import Pair, TileSource, environment, run_conformance, tiles_sha256, validate_regimes
 from alibi.conform.results import Report
 from alibi.errors import InputError
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.governance import write_manifest
+from alibi.governance.manifest import digest_set
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
-from alibi.kernels.base import Kernel
-from alibi.kernels.base import KernelOutput
+from alibi.kernels.base import Kernel, KernelOutput
 from alibi.kernels.mutants import (
     ALL,
     FAULTS,
@@ -395,8 +396,6 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
     base.require_available()
     check_tiles(base, base_name, tiles)
     plans, skipped = plan_rows(base, base_name, faults, severities, native)
-    from alibi.conform.pipeline import tiles_sha256
-    from alibi.governance.manifest import digest_set
 
     tile_source = TileSource(tuple(tiles), dict(source), {"name": "tiles", "digest": digest_set(tiles_sha256(tiles))})
     rows, units = [], []
@@ -415,7 +414,6 @@ def run_matrix(base: Kernel, base_name: str, tiles: list[Tile], *, source: Mappi
                          f"{'observable' if r.observable else 'unobservable'}, fired: {', '.join(r.fired) or 'none'}")
     null_silent = not any(r.fired for r in rows if r.fault == "null")
     undetected = tuple(dict.fromkeys(r.fault for r in rows if r.fault != "null" and r.observable and not r.detected))
-    from alibi.conform.pipeline import environment
 
     _, how = base.available()
     return DetectionMatrix(
@@ -497,9 +495,11 @@ def to_markdown(m: DetectionMatrix) -> str:
 def heatmap(m: DetectionMatrix) -> tuple[bytes, bytes]:
     """(PNG, SVG) of the matrix: one row per fault × severity × regime, one column per check plus
     `observable`; red fired, light grey silent, white inapplicable (observable: dark = yes)."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: keeps matplotlib out of start-up
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -536,8 +536,6 @@ MATRIX_FILES = ("detection.json", "detection.md", "detection.png", "detection.sv
 
 def write_matrix(m: DetectionMatrix, out: str | Path, predicate: Mapping[str, Any]) -> Path:
     """Write the four files and a manifest into `out` atomically (all of them, or nothing)."""
-    from alibi.governance import write_manifest
-
     png, svg = heatmap(m)
     with atomic.staged_dir(out) as stage:
         (stage / "detection.json").write_text(m.to_json(), encoding="utf-8")

@@ -15,13 +15,15 @@ import json
 import os
 import sys
 
+from alibi.engine import vllm_plugin
+
 ENGINE_ARGS = {"dtype": "bfloat16", "enforce_eager": True, "enable_prefix_caching": False, "seed": 0}
 
 
 def run_job(job: dict) -> dict:
-    from vllm import LLM, SamplingParams, TokensPrompt
-
+    # deferred: keeps vllm out of start-up (and out of the processes vLLM spawns, which import this module)
     import vllm
+    from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=job["model"], max_model_len=int(job.get("max_model_len", 1024)), **ENGINE_ARGS)
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in job["prompts"]]
@@ -38,12 +40,7 @@ def run_job(job: dict) -> dict:
         results = [list(out.outputs[0].token_ids) for out in outputs]
     else:
         raise ValueError(f"unknown mode {job['mode']!r}")
-    try:
-        from alibi.engine import vllm_plugin
-
-        vllm_plugin.finish()
-    except ImportError:
-        pass
+    vllm_plugin.finish()
     return {"mode": job["mode"], "results": results, "vllm_version": vllm.__version__,
             "engine_args": {**ENGINE_ARGS, "max_model_len": int(job.get("max_model_len", 1024))},
             "env": {k: os.environ.get(k) for k in ("ALIBI_CAPTURE_DIR", "ALIBI_KERNEL", "VLLM_CPU_KVCACHE_SPACE",

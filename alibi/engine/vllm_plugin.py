@@ -73,6 +73,7 @@ class _State:
 
     def alibi_kernel(self):
         if self.kernel is None and self.kernel_name:
+            # deferred: keeps torch out of start-up
             from alibi.kernels.registry import get_kernel
 
             kernel = get_kernel(self.kernel_name)
@@ -85,6 +86,7 @@ STATE: _State | None = None
 
 
 def _vllm_version() -> str:
+    # deferred: keeps vllm out of start-up
     import vllm
 
     return getattr(vllm, "__version__", "?")
@@ -93,6 +95,7 @@ def _vllm_version() -> str:
 def install() -> None:
     """Patch vLLM (idempotent). Raises ImportError where vLLM's W8A8 scheme cannot be found."""
     global STATE
+    # deferred: keeps vllm out of start-up
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_w8a8_int8 import (
         CompressedTensorsW8A8Int8 as Scheme,
@@ -141,6 +144,7 @@ def _observing(op):
 
 def _mark_dummy_runs() -> None:
     try:
+        # deferred: keeps vllm out of start-up
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:
         return
@@ -157,6 +161,7 @@ def _mark_dummy_runs() -> None:
 
 def engine_quantize(x2d):
     """The engine's own per-token int8 quantization of `x2d` [M,K]: (a_q [M,K] int8, s_a [M] fp32)."""
+    # deferred: keeps vllm out of start-up
     from vllm import _custom_ops as ops
 
     if x2d.device.type == "cpu":
@@ -204,8 +209,10 @@ def _apply(scheme, layer, x, bias, original_apply):
 
 
 def _record(state: _State, kept: dict, a_q, s_a, bias, out_dtype, quantized_by: str) -> None:
+    # deferred: keeps torch out of start-up
     import torch
 
+    # deferred: keeps torch out of start-up
     from alibi.model.capture import tile_file_name
     from alibi.tiles.tile import Tile, tile_bytes
 

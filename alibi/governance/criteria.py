@@ -36,6 +36,7 @@ from typing import Any
 
 from alibi.errors import InputError
 from alibi.governance.manifest import sha256_file
+from alibi.governance.prereg import require_locked
 from alibi.io import jsonio, yamlio
 
 SCHEMA = "alibi-criteria/v1"
@@ -283,8 +284,6 @@ def study_criteria(prereg_folder: str | Path) -> tuple[Criterion, ...]:
 def evaluate_study(prereg_folder: str | Path, sources: Mapping[str, str | Path]) -> Evaluation:
     """Evaluate a locked protocol's criteria against result files (`name → path`): the protocol is
     verified first (`require_locked`), and its lock and head hashes go into the evaluation."""
-    from alibi.governance.prereg import require_locked
-
     record = require_locked(prereg_folder)
     criteria = study_criteria(prereg_folder)
     documents, digests = {}, {}

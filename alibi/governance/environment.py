@@ -192,6 +192,7 @@ def _driver() -> str | None:
 
 def _gpus() -> tuple[dict[str, str], ...]:
     try:
+        # deferred: keeps torch out of start-up
         import torch
     except ImportError:
         return ()
@@ -208,6 +209,7 @@ def _gpus() -> tuple[dict[str, str], ...]:
 def environment() -> Environment:
     """The software and hardware this process runs on (computed once per process)."""
     try:
+        # deferred: keeps torch out of start-up
         import torch
         cuda = torch.version.cuda
     except ImportError:
@@ -237,6 +239,7 @@ def torch_flags() -> dict[str, Any] | None:
     deterministic algorithms (and whether they fill new tensors), cuBLAS's workspace setting, reduced-precision GEMM reductions, and which
     scaled-dot-product-attention back ends torch may pick. None without torch."""
     try:
+        # deferred: keeps torch out of start-up
         import torch
     except ImportError:
         return None

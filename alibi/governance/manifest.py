@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError, one_line
+from alibi.governance.environment import environment_record, toolkit_record
 from alibi.governance.kernel_log import KernelLog, require_consistent
 from alibi.io import atomic, jsonio
 from alibi.io.digests import digest_set, sha256_bytes, sha256_file, sha256_listing
@@ -411,7 +412,6 @@ def build_predicate(*, inputs: Mapping[str, Mapping[str, Any]] | None = None, se
             raise InputError(f"input {key!r} must be a resource {{name, digest: {{sha256}}}}; build it with "
                              "alibi.governance.resource(name, path)")
         digest_set(value["digest"].get("sha256") if isinstance(value["digest"], Mapping) else value["digest"])
-    from alibi.governance.environment import environment_record, toolkit_record
 
     return {
         "toolkit": toolkit_record(),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError, one_line, shown
+from alibi.governance.environment import toolkit
 from alibi.governance.manifest import folder_files, sha256_file, utc_now
 from alibi.io import atomic, jsonio
 from alibi.io.digests import sha256_bytes
@@ -197,7 +198,6 @@ def lock(folder: str | os.PathLike) -> str:
     if not (root / PROTOCOL_NAME).is_file():
         raise InputError(f"{root / PROTOCOL_NAME}: missing; a protocol folder needs its protocol "
                          f"(`alibi prereg init` writes a template)")
-    from alibi.governance.environment import toolkit
 
     tk = toolkit()
     body: dict[str, Any] = {

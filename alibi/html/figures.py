@@ -63,6 +63,7 @@ def common_prefix(names: Sequence[str]) -> str:
 def _figure(height_in: float, ncols: int = 1, *, bottom_in: float = 0.55, top_in: float = 0.35,
             width_in: float = WIDTH_IN):
     """A figure with fixed margins in inches (a layout engine costs more than the drawing at hundreds of bars)."""
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width_in, height_in + bottom_in + top_in), dpi=DPI)
@@ -97,6 +98,7 @@ def _tile_figure(names: Sequence[str], height_in: float):
 def _bars(ax, xs: Sequence[float], heights: Sequence[float], width: float, colours: Sequence[str] | str,
           label: str | None = None) -> None:
     """Bars as one PolyCollection: hundreds of Rectangle patches draw several times slower."""
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.collections import PolyCollection
 
     half = width / 2
@@ -107,6 +109,7 @@ def _bars(ax, xs: Sequence[float], heights: Sequence[float], width: float, colou
 def _plain_counts(axis) -> None:
     """Tick labels as plain counts (1, 10, 100, 1,000): with mathtext off, the log formatters' `$10^{2}$` would
     be drawn literally."""
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.ticker import FuncFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 or v == 0 else f"{v:g}"))
@@ -128,6 +131,7 @@ LEGEND_MARGIN_IN = 0.1  # between a legend's right end and the figure's edge
 def _fit_legend(fig, legend) -> None:
     """Widen `fig` (its margins kept in inches) so that `legend`, anchored to the axes' left edge, ends inside it:
     a figure sized for a few tiles is narrower than the legend of two regimes, which was cut at the edge."""
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if not hasattr(fig.canvas, "get_renderer"):
@@ -144,6 +148,7 @@ def _fit_legend(fig, legend) -> None:
 
 
 def _swatch(colour: str, label: str):
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.patches import Patch
 
     return Patch(facecolor=colour, label=label)
@@ -151,6 +156,7 @@ def _swatch(colour: str, label: str):
 
 def _plain_log(axis, integers: bool = False) -> None:
     """Log-axis tick labels as plain numbers (4096, 0.001): the default ones are mathtext, drawn literally here."""
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if integers else f"{v:g}"))
@@ -170,6 +176,7 @@ def headroom_chart(names: Sequence[str], headroom_bits: Sequence[float | None]) 
     headroom_bits[i] is None when tile i's accumulators are all zero (infinite headroom): drawn as
     a marker at the top of the axis.
     """
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -208,6 +215,7 @@ def differing_chart(names: Sequence[str], differing: Mapping[str, Sequence[int |
 
     differing[regime][i] is None when tile i was not run under that regime.
     """
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -273,6 +281,7 @@ class UlpCounts:
 
 def ulp_histogram_chart(counts: Sequence[UlpCounts]) -> Chart:
     """Differing elements by ulp distance, one panel per regime, near-zero elements as their own bars."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -317,6 +326,7 @@ def ulp_histogram_chart(counts: Sequence[UlpCounts]) -> Chart:
 
 def max_ulp_chart(units_by_max_ulp: Mapping[str, Mapping[int, int]]) -> Chart:
     """Units that differ, by their largest ulp distance, one panel per regime (when no per-element data exists)."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -356,6 +366,7 @@ class DecileBar:
 
 def decile_chart(deciles: Sequence[DecileBar]) -> Chart:
     """Flip rate per decile of arm A's margin (lowest margin first), each bar annotated flips/positions."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -377,6 +388,7 @@ def decile_chart(deciles: Sequence[DecileBar]) -> Chart:
 
 def roc_chart(points: Sequence[tuple[float, float]], label: str) -> Chart:
     """An ROC curve (false-positive rate, true-positive rate) with the chance diagonal."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -396,6 +408,7 @@ def roc_chart(points: Sequence[tuple[float, float]], label: str) -> Chart:
 
 def calibration_chart(bins: Sequence[tuple[float, float, int]]) -> Chart:
     """Held-out flip rate against the predicted flip probability, one marker per bin (area ∝ positions)."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -436,6 +449,7 @@ class DepthSeries:
 
 def depth_chart(series: Sequence[DepthSeries]) -> Chart:
     """Fraction of differing outputs against K on log–log axes, with each sweep's fitted curve and band."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -481,6 +495,7 @@ def depth_chart(series: Sequence[DepthSeries]) -> Chart:
 
 def rows_chart(points: Sequence[tuple[int, float, float, float]], label: str) -> Chart:
     """Per-element rate (ppm) against M with its exact interval: (M, rate, low, high), rates as fractions."""
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     with matplotlib.rc_context(_RC):

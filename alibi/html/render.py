@@ -32,6 +32,7 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup
 
+from alibi import __version__
 from alibi.html.figures import Chart
 
 SCRIPT_FILE = "table-sort.js"
@@ -136,8 +137,6 @@ def render_page(title: str, sections: Sequence[RenderedSection], *, source_note:
 
     source_note: one line saying which files the page was rendered from (shown in the footer).
     """
-    from alibi import __version__
-
     script = page_script()
     return environment().get_template("page.html.j2").render(
         title=title, sections=list(sections), csp=content_security_policy(script), script=Markup(script),

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Self, TextIO
 
+from alibi.errors import InputError
+
 ProgressCallback = Callable[[int, int, str], None]
 MODES = ("bar", "lines", "off")
 ENV_VAR = "ALIBI_PROGRESS"
@@ -40,8 +42,6 @@ def choose_mode(stream: TextIO, quiet: bool = False) -> str:
     forced = os.environ.get(ENV_VAR, "").strip().lower()
     if forced:
         if forced not in MODES:
-            from alibi.errors import InputError
-
             raise InputError(f"{ENV_VAR}={forced!r} is not a progress mode; use one of {', '.join(MODES)} or unset it")
         return forced
     isatty = getattr(stream, "isatty", None)
@@ -116,6 +116,7 @@ class Progress:
 
     def _bar_for(self, total: int):
         if self._bar is None:
+            # deferred: keeps tqdm out of start-up
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=self.what or None, unit=self.unit, file=self.stream,

@@ -53,6 +53,8 @@ import torch
 
 from alibi.errors import KernelUnavailable
 from alibi.io import atomic
+from alibi.kernels import nvcc
+from alibi.kernels.cublas import MIN_M, MULTIPLE
 from alibi.kernels.registry import get_kernel
 
 # vLLM's own kernels run wherever their op library / Triton file is found (alibi/kernels/vllm.py), so the
@@ -111,6 +113,7 @@ class Measurement:
 def timer(fn: Callable[[], Any], rep_ms: int) -> float:
     """Median ms per eager call of `fn` (triton.testing.do_bench; plain CUDA events if triton is absent)."""
     try:
+        # deferred: keeps triton out of start-up
         from triton.testing import do_bench
     except ImportError:
         do_bench = None
@@ -132,6 +135,7 @@ def timer(fn: Callable[[], Any], rep_ms: int) -> float:
 def graph_timer(fn: Callable[[], Any], rep_ms: int) -> float | None:
     """Median ms per call of `fn` replayed from a CUDA graph, or None if it cannot be captured."""
     try:
+        # deferred: keeps triton out of start-up
         from triton.testing import do_bench_cudagraph
         return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     except Exception:  # noqa: BLE001 - capture can fail in many ways; the eager timing still stands
@@ -180,8 +184,6 @@ def prepare_int_mm(a_q: torch.Tensor, w_q: torch.Tensor) -> tuple[Callable[[], t
     pads inside every call); zero rows and columns add nothing to an exact accumulator, so the
     padded product holds the same values. The returned function is one `torch._int_mm` launch.
     """
-    from alibi.kernels.cublas import MIN_M, MULTIPLE
-
     M, K = a_q.shape
     N = w_q.shape[0]
     pad_m, pad_k, pad_n = max(0, MIN_M - M), -K % MULTIPLE, -N % MULTIPLE
@@ -332,6 +334,7 @@ def environment() -> dict[str, Any]:
                            "cuda_runtime_torch": torch.version.cuda, "host": platform.node(),
                            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
+        # deferred: keeps triton out of start-up
         import triton
         env["triton"] = triton.__version__
     except ImportError:
@@ -349,7 +352,6 @@ def environment() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         env["driver"] = None
     try:
-        from alibi.kernels import nvcc
         env["cutlass"] = nvcc.cutlass_version()
         env["nvcc"] = nvcc.nvcc_version(nvcc.find_nvcc())
     except KernelUnavailable as exc:

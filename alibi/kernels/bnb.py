@@ -65,6 +65,7 @@ def _import() -> Any:
     if bnb_version() is None:
         raise KernelUnavailable(f"bitsandbytes is not installed; {INSTALL}")
     try:
+        # deferred: keeps bitsandbytes out of start-up
         import bitsandbytes
     except Exception as exc:  # noqa: BLE001 - foreign code: any import failure is a refusal
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

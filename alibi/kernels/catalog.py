@@ -7,6 +7,7 @@ refuse an unknown kernel name in a fraction of a second, before it loads torch (
 from __future__ import annotations
 
 import difflib
+import sys
 from importlib.metadata import entry_points
 
 from alibi.errors import InputError
@@ -62,8 +63,6 @@ def check_kernel_name(name: str | None, option: str) -> None:
     """InputError naming `option` when `name` is neither a built-in, a plugin, nor of a parsed family (the
     family's own parser judges the rest later). Kernels registered at run time (`alibi.kernels.registry.register`)
     exist only once `alibi.kernels.registry` is imported; then `get_kernel` is the judge and this says nothing."""
-    import sys
-
     if name is None or "alibi.kernels.registry" in sys.modules or name.startswith(PATTERN_PREFIXES):
         return
     plugins = plugin_entry_points()

@@ -163,6 +163,7 @@ class FbgemmFp8RowKernel(Kernel):
                         "release_by_digest": release, "pinned": PINNED_VERSION}
         ev["last_run"] = dict(self.last_run)
         try:
+            # deferred: keeps triton out of start-up
             import triton
             ev["triton"] = triton.__version__
         except ImportError:

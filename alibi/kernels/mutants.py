@@ -579,6 +579,7 @@ NATIVE_SWITCHES: dict[str, dict[str, Any]] = {
 
 def native_triton_mutant(fault_name: str, name: str | None = None) -> Kernel:
     """The `triton` kernel with a fault switched on inside the kernel (see `triton_int8.faulty_scaled_mm_kernel`)."""
+    # deferred: keeps triton out of start-up
     from alibi.kernels.triton_int8 import TritonInt8Kernel, launch
 
     if fault_name not in NATIVE_SWITCHES:

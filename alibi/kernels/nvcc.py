@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from alibi.errors import InputError, KernelUnavailable
+from alibi.io import atomic
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_stream
 
 CSRC = Path(__file__).resolve().with_name("csrc")
@@ -378,8 +379,6 @@ def read_pins() -> dict[str, dict]:
 
 def pin_library(name: str, key: str, sha256: str) -> None:
     """Record `name`'s build key and sha256 in the user's pin file (one writer at a time)."""
-    from alibi.io import atomic
-
     root = config_root()
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -17,6 +17,7 @@ from alibi.errors import InputError, one_line
 from alibi.exact.emulator import ORDERS, EpilogueModel
 from alibi.kernels.base import Kernel, UnavailableKernel
 from alibi.kernels.catalog import BUILTIN, did_you_mean, plugin_entry_points
+from alibi.kernels.cpu import EmulatorKernel
 from alibi.kernels.mutants import parse_mutant
 
 _BUILTIN = BUILTIN
@@ -80,8 +81,6 @@ def _load_plugin(name: str, entry_point: object) -> Kernel:
 
 
 def _emulator(name: str) -> Kernel:
-    from alibi.kernels.cpu import EmulatorKernel
-
     spec = name.removeprefix("emulator:")
     try:
         model = EpilogueModel.parse(spec)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ import torch
 
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import TORCHAO_INT8
-from alibi.io.digests import sha256_file
+from alibi.io.digests import sha256_file, sha256_listing
 from alibi.kernels.base import Kernel
 
 PINNED_VERSION = "0.18.0"
@@ -100,8 +101,6 @@ def _import() -> dict[str, Any]:
 
 def source_digests() -> dict[str, str]:
     """sha256 of each TorchAO source file that computes the linear, as imported in this process."""
-    import sys
-
     out = {}
     for name in SOURCE_MODULES:
         module = sys.modules.get(name)
@@ -215,6 +214,7 @@ class TorchaoInt8Kernel(Kernel):
                     "torch.matmul on the CPU (TorchAO's fallback: K or N not a multiple of 8)" if bad_dims else
                     "safe_int_mm: out_dtype(aten.mm, int32), fp32 matmul if that raises")
         else:
+            # deferred: keeps torchao out of start-up
             from torchao.utils import _cpu_is_amx_tile_supported, _cpu_is_vnni_supported
 
             u8s8 = (not _cpu_is_amx_tile_supported()) and _cpu_is_vnni_supported()
@@ -239,8 +239,6 @@ class TorchaoInt8Kernel(Kernel):
 
 
 def _combined(digests: dict[str, str]) -> str | None:
-    from alibi.io.digests import sha256_listing
-
     return sha256_listing(sorted(digests.items())) if digests else None
 
 

@@ -313,6 +313,7 @@ _TRITON_MODULES: dict[str, types.ModuleType] = {}
 
 
 def _triton_utils_stub() -> types.ModuleType:
+    # deferred: keeps triton out of start-up
     import triton
     import triton.language as tl
 
@@ -599,6 +600,7 @@ class VllmTritonKernel(VllmKernel):
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
         try:
+            # deferred: keeps triton out of start-up
             import triton
             ev["triton"] = triton.__version__
         except ImportError:

@@ -17,6 +17,8 @@ digests, the kernel and the environment.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +26,13 @@ from typing import Self
 
 import torch
 
+from alibi.errors import InputError
+from alibi.governance.manifest import build_predicate, digest_set, resource, treatment_of, write_manifest
+from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
-from alibi.model.runner import LoadedModel, W8A8Linear
+from alibi.model.checkpoint import read_config, tokenizer_digest, verified_checkpoint
+from alibi.model.prompts import load_prompt_set, require_tokenizer_match
+from alibi.model.runner import LoadedModel, W8A8Linear, load_model
 from alibi.tiles.tile import Tile, tile_bytes
 
 
@@ -131,9 +138,6 @@ class CaptureResult:
 
 def require_quantized(model_dir: str | Path) -> None:
     """InputError unless `model_dir` is a W8A8 checkpoint: only quantized Linears hand operands to a kernel."""
-    from alibi.errors import InputError
-    from alibi.model.checkpoint import read_config
-
     if "quantization_config" not in read_config(model_dir):
         raise InputError(f"{model_dir}: is a dense checkpoint, with no quantized Linears whose operands could be "
                          "captured; pass a W8A8 checkpoint (e.g. OUT/w8a8 of `alibi model prepare`)")
@@ -152,19 +156,6 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     progress: called `(done, CAPTURE_STAGES, label)` after each stage (alibi.io.progress): verified,
     loaded, ran the prefill, wrote; the label says what the stage did
     (the progress line or bar adds the time since the start)."""
-    from alibi.errors import InputError
-    from alibi.governance.manifest import (
-        build_predicate,
-        digest_set,
-        resource,
-        treatment_of,
-        write_manifest,
-    )
-    from alibi.io import atomic
-    from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
-    from alibi.model.prompts import load_prompt_set, require_tokenizer_match
-    from alibi.model.runner import load_model
-
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
     model_dir = Path(model_dir)
@@ -234,11 +225,6 @@ class Overhead:
 
 def capture_overhead(lm: LoadedModel, input_ids: torch.Tensor, repeats: int = 5) -> Overhead:
     """Time forwards of `input_ids` [1,T] with and without capture (interleaved, medians)."""
-    import statistics
-    import time
-
-    from alibi.errors import InputError
-
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise InputError(f"--repeats must be a positive integer (timed runs of each variant), got {repeats!r}")
 

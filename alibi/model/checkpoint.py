@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from alibi.errors import InputError, one_line, shown
+from alibi.governance.manifest import read_manifest, verify_files
 from alibi.io import jsonio
 from alibi.model.digests import (
     combined_sha256,
@@ -325,8 +326,6 @@ def verified_checkpoint(folder: str | Path) -> dict:
     records; without one (e.g. a checkpoint made by llm-compressor) the digest is computed and
     `verified` is False.
     """
-    from alibi.governance.manifest import read_manifest, verify_files
-
     folder = Path(folder)
     read_config(folder)
     if not (folder / MANIFEST_FILE).is_file():

@@ -35,7 +35,15 @@ import torch
 from alibi.errors import InputError, shown
 from alibi.exact.numerics import dtype_name
 from alibi.exact.quant import quantize_weight_per_channel
-from alibi.model.checkpoint import CONFIG_FILE, read_config, read_tensors
+from alibi.model.checkpoint import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MANIFEST_FILE,
+    read_config,
+    read_tensors,
+    weight_files,
+    write_checkpoint,
+)
 
 FORMAT = "int-quantized"
 QUANT_METHOD = "compressed-tensors"
@@ -327,8 +335,6 @@ def quantize_dense(
 def side_files(folder: str | Path) -> dict[str, bytes]:
     """{name: bytes} of the files in `folder` that are neither config, weights nor manifest
     (tokenizer, generation config, chat template, licence, ...), to carry over unchanged."""
-    from alibi.model.checkpoint import INDEX_FILE, MANIFEST_FILE, weight_files
-
     folder = Path(folder)
     skip = {CONFIG_FILE, INDEX_FILE, MANIFEST_FILE} | {p.name for p in weight_files(folder)}
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
@@ -342,6 +348,4 @@ def write_w8a8(ckpt: W8A8Checkpoint, folder: str | Path, copy_from: str | Path |
     Dense tensors are written with their stored dtype and bits; scales in each module's
     `scale_dtype` (ValueError if a scale is not representable there).
     """
-    from alibi.model.checkpoint import write_checkpoint
-
     write_checkpoint(folder, ckpt.config, ckpt.tensors(), side_files(copy_from) if copy_from else None)

@@ -70,6 +70,7 @@ class ExecutionMode:
 
 
 def _register_attention() -> None:
+    # deferred: keeps transformers out of start-up
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 

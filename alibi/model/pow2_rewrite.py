@@ -43,9 +43,13 @@ import torch
 from safetensors.torch import save_file
 
 from alibi.errors import InputError
-from alibi.exact.numerics import Pow2Mode, dtype_name, pow2_round
+from alibi.exact.numerics import Pow2Mode, dtype_name, is_pow2, pow2_round
 from alibi.exact.quant import INT8_MAX, INT8_MIN, quantize_weight_per_channel
+from alibi.governance.manifest import build_predicate, digest_set, digest_tree, verify_files, write_manifest
 from alibi.io import atomic
+from alibi.model.checkpoint import checkpoint_digests, load_shard, read_config, read_tensors, weight_files
+from alibi.model.compressed_tensors import parse_w8a8
+from alibi.model.digests import tensors_sha256
 
 WeightPolicy = Literal["keep-weights", "requantize"]
 MODES: tuple[str, ...] = ("nearest", "ceil", "floor")
@@ -263,15 +267,11 @@ def tree_sha256(folder: Path) -> str:
     """The folder digest (`alibi.governance.manifest.digest_tree`) over `checkpoint_files`, so a
     Hugging Face snapshot's symbolic links are followed: changes exactly when a covered file's
     bytes, name or presence change."""
-    from alibi.governance.manifest import digest_tree
-
     return digest_tree(folder, files=checkpoint_files(folder))
 
 
 def _verify_own_manifest(folder: Path) -> bool:
     """Check `folder` against its manifest when it has one (InputError on a mismatch); whether it had one."""
-    from alibi.governance.manifest import verify_files
-
     if not (folder / MANIFEST_FILE).is_file():
         return False
     problems = verify_files(folder)
@@ -282,8 +282,6 @@ def _verify_own_manifest(folder: Path) -> bool:
 
 
 def _read_dense(folder: Path) -> dict[str, torch.Tensor]:
-    from alibi.model.checkpoint import read_config, read_tensors
-
     config = read_config(folder)
     if "quantization_config" in config:
         raise InputError(f"{folder}: is a quantized checkpoint (its config.json has a quantization_config); "
@@ -298,8 +296,6 @@ def _write(src: Path, stage: Path, replaced: Mapping[str, torch.Tensor]) -> None
     otherwise), rewritten whatever their names; every other file is copied byte for byte. Every
     replaced tensor must land in some shard.
     """
-    from alibi.model.checkpoint import load_shard, weight_files
-
     shards = [p.relative_to(src).as_posix() for p in weight_files(src)]
     for rel in checkpoint_files(src):
         if rel not in shards:
@@ -327,11 +323,6 @@ def check_written(stage: Path, modules: list[str], expected: Mapping[str, torch.
     (compared by tensor digest). Returns the tensors read back (the manifest's digests are
     computed from them, not from memory). InputError — nothing is renamed into place — otherwise.
     """
-    from alibi.exact.numerics import is_pow2
-    from alibi.model.checkpoint import read_config, read_tensors
-    from alibi.model.compressed_tensors import parse_w8a8
-    from alibi.model.digests import tensors_sha256
-
     tensors = read_tensors(stage)
     ckpt = parse_w8a8(read_config(stage), tensors, str(stage))
     if sorted(ckpt.linears) != sorted(modules):
@@ -356,11 +347,6 @@ def pow2_rewrite(src: str | os.PathLike, out: str | os.PathLike, mode: Pow2Mode,
     weights); overwrite: replace an existing checkpoint folder at `out`. Nothing is written unless
     the whole checkpoint is (InputError for bad input, before anything is written).
     """
-    from alibi.governance.manifest import build_predicate, digest_set, write_manifest
-    from alibi.model.checkpoint import checkpoint_digests, read_config, read_tensors
-    from alibi.model.compressed_tensors import parse_w8a8
-    from alibi.model.digests import tensors_sha256
-
     if mode not in MODES:
         raise InputError(f"--mode {mode!r} is unknown; use one of {', '.join(MODES)}")
     src, out = Path(src), Path(out)

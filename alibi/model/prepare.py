@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from alibi.errors import InputError
 from alibi.exact.numerics import dtype_name
 from alibi.governance.manifest import (
     build_predicate,
@@ -71,7 +72,6 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
     (the progress line or bar adds the time since the start).
     """
     if scale_dtype not in SCALE_DTYPES:
-        from alibi.errors import InputError
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
     atomic.refuse_overlap(out, {"--gguf": gguf}, what="the output folder")
     atomic.check_writable_dir(out)

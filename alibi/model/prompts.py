@@ -42,11 +42,12 @@ from alibi.governance.manifest import (
     digest_set,
     digest_tree,
     read_manifest,
+    verify_files,
     write_manifest,
 )
 from alibi.io import atomic
 from alibi.model.checkpoint import tokenizer_digest
-from alibi.model.digests import bytes_sha256, tensors_sha256
+from alibi.model.digests import bytes_sha256, file_sha256, tensors_sha256
 from alibi.model.wikitext import CLEANER_VERSION, articles, corpus_text
 from alibi.tiles.safetensors_header import read_header
 
@@ -91,8 +92,6 @@ class SourceText:
 
 
 def _sha256_file(path: Path) -> str:
-    from alibi.model.digests import file_sha256
-
     return file_sha256(path)
 
 
@@ -178,6 +177,7 @@ def file_text(path: str | Path, sha256: str | None = None, attribution: str | No
 
 def _tokenizer(model_dir: str | Path):
     try:
+        # deferred: keeps tokenizers out of start-up
         from tokenizers import Tokenizer
     except ImportError as exc:
         raise InputError("building a prompt set needs the 'tokenizers' package "
@@ -249,7 +249,6 @@ def build_prompt_set(source: SourceText, tokenizer_dir: str | Path, out: str | P
 def load_prompt_set(folder: str | Path) -> PromptSet:
     """Read a prompt set, verifying every file against its manifest (InputError on any mismatch)."""
     folder = Path(folder)
-    from alibi.governance.manifest import verify_files
 
     manifest = read_manifest(folder)
     if manifest.kind != "prompts":

@@ -35,6 +35,7 @@ from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
 from alibi.model.execution import ExecutionMode, apply_execution_mode
+from alibi.model.trace import row_digests
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
 MODEL_DTYPE = torch.bfloat16
@@ -139,8 +140,6 @@ class LoadedModel:
         while True:
             last = out.logits[:, -1].float()
             if logit_digests is not None:
-                from alibi.model.trace import row_digests
-
                 logit_digests.append(row_digests(last[:, None])[:, 0])
             nxt = last.argmax(dim=-1, keepdim=True)
             chosen.append(nxt)
@@ -177,6 +176,7 @@ class LoadedModel:
 
 def _require_transformers():
     try:
+        # deferred: keeps transformers out of start-up
         import transformers
     except ImportError as exc:
         raise InputError("running a model needs transformers; install the model extra: "

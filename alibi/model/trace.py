@@ -213,6 +213,7 @@ class ModuleTrace:
 
     def _wrap_attention(self, model):
         try:
+            # deferred: keeps transformers out of start-up
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         except ImportError:
             return None

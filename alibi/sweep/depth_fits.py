@@ -119,6 +119,7 @@ def _fit(model: str, u: np.ndarray, f: np.ndarray, starts: list[np.ndarray]) -> 
     if model == "constant":
         c = float(f.mean())
         return _Fit(np.array([c]), float(((f - c) ** 2).sum()))
+    # deferred: keeps scipy out of start-up
     from scipy.optimize import least_squares
 
     lo = [LOG_B_BOUNDS[0]] + ([ALPHA_BOUNDS[0]] if N_PARAMS[model] == 2 else [])

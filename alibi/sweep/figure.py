@@ -27,9 +27,11 @@ UPPER_BOUND_LEVEL = 0.95
 
 
 def _figure(width: float, height: float):
+    # deferred: keeps matplotlib out of start-up
     import matplotlib
 
     matplotlib.rcParams["svg.hashsalt"] = "alibi"
+    # deferred: keeps matplotlib out of start-up
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")

@@ -11,6 +11,7 @@ from alibi.io import atomic
 from alibi.sweep.analysis import FITS_JSON, FITS_MD, DepthAnalysis
 from alibi.sweep.arms import Arm
 from alibi.sweep.depth_fits import DepthData
+from alibi.sweep.figure import depth_figure, rows_figure
 from alibi.sweep.records import (
     DEPTH_CSV,
     DEPTH_JSON,
@@ -57,8 +58,6 @@ def write_rows_folder(sweep: RowsSweep, arms: tuple[Arm, Arm], out: str | Path) 
 def write_analysis_folder(analysis: DepthAnalysis, data: list[DepthData], inputs: list[str | Path],
                           rows_path: str | Path | None, out: str | Path) -> list[str]:
     """fits.json, fits.md, the figures and a manifest, staged and renamed into place when complete."""
-    from alibi.sweep.figure import depth_figure, rows_figure  # matplotlib stays out of start-up
-
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / FITS_JSON, analysis.to_json())
         atomic.write_text(stage / FITS_MD, fits_markdown(analysis))

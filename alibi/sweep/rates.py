@@ -51,6 +51,7 @@ class BinomialRate:
 
 def binomial_rate(events: int, exposure: int, level: float = 0.95) -> BinomialRate:
     """Clopper–Pearson interval (`binomtest(...).proportion_ci(method="exact")`)."""
+    # deferred: keeps scipy out of start-up
     from scipy.stats import binomtest
 
     if exposure < 1 or not 0 <= events <= exposure:
@@ -92,6 +93,7 @@ def _pearson(counts: np.ndarray, expected: np.ndarray, exposure: np.ndarray) -> 
 
 def homogeneity(events: list[int], exposure: list[int], seed: int = 0,
                 draws: int = MONTE_CARLO_DRAWS) -> Homogeneity:
+    # deferred: keeps scipy out of start-up
     from scipy.stats import chi2_contingency
 
     d = np.asarray(events, dtype=np.int64)
@@ -150,6 +152,7 @@ def poisson_trend(x: list[float], events: list[int], exposure: list[int], covari
     function of b: its maximum and the two roots of `2(ℓ_max − ℓ(b)) = χ²₁(level)` are found with
     scipy's scalar minimizer and brentq.
     """
+    # deferred: keeps scipy out of start-up
     from scipy.optimize import brentq, minimize_scalar
     from scipy.stats import chi2
 
@@ -211,6 +214,7 @@ class RatioBound:
 def ratio_bound(x: list[float], events: list[int], exposure: list[int], level: float = 0.90) -> RatioBound:
     """For a pair (i, j), given D_i + D_j the count D_i is Binomial(D_i + D_j, p) with
     p = r_i E_i / (r_i E_i + r_j E_j); the exact interval of p maps to one of r_i / r_j."""
+    # deferred: keeps scipy out of start-up
     from scipy.stats import binomtest
 
     n_pairs = len(x) * (len(x) - 1) // 2

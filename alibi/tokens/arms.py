@@ -21,7 +21,7 @@ from pathlib import Path
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest, sha256_file
 from alibi.tokens import foreign
-from alibi.tokens.records import RECORDS_FILE
+from alibi.tokens.records import ArmRecords, RECORDS_FILE
 from alibi.tokens.steps import ALIBI_SHAPE, ArmSteps, Step
 
 REPLAY_KIND = "replay"
@@ -65,8 +65,6 @@ def read_arm(path: str | Path) -> ArmSteps:
 
 
 def _alibi_arm(given: str, records_file: Path, folder: Path, text: str | None = None) -> ArmSteps:
-    from alibi.tokens.records import ArmRecords
-
     if not records_file.is_file():
         raise InputError(f"{folder}: holds no {RECORDS_FILE}; pass an arm folder written by "
                          "`alibi replay teacher-forced`")

@@ -49,6 +49,7 @@ from alibi.governance.manifest import (
 )
 from alibi.io import atomic
 from alibi.tokens.arms import read_arm
+from alibi.tokens.foreign import compare_envelopes
 from alibi.tokens.join import Joined, join_arms, require_same_keying
 from alibi.tokens.margin import (
     OK,
@@ -255,8 +256,6 @@ def check_identity(a: ArmSteps, b: ArmSteps, allow_unverified: bool = False) -> 
                                   allow_unverified=allow_unverified)
         method = "alibi-manifest"
     elif a.shape == b.shape == ENVELOPE_SHAPE:
-        from alibi.tokens.foreign import compare_envelopes
-
         record = compare_envelopes(a, b)
         if record.problems and not allow_unverified:
             raise _violation(a, b, record.problems)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,24 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
+from alibi.governance.identity import require_identity
+from alibi.governance.manifest import write_manifest
+from alibi.io import atomic
 from alibi.io.progress import Progress
+from alibi.model.checkpoint import read_config
+from alibi.model.runner import load_model
+from alibi.model.trace import ModuleTrace
 from alibi.tokens.records import window_sha256
+from alibi.tokens.setup import (
+    check_output,
+    combined_predicate,
+    load_prompts,
+    open_inputs,
+    replay_predicate,
+    resolve_windows,
+)
+from alibi.tokens.teacher_forced import StepFailed, alibi_command, run_child
+from alibi.tokens.variations import Execution, save_execution
 
 RUN_SCHEMA = "alibi-greedy-run/v2"
 SCHEMA = "alibi-greedy/v2"
@@ -267,8 +284,6 @@ def summary_lines(result: GreedyAgreement) -> list[str]:
 def resolve_greedy(prompts, prompt_tokens: int, new_tokens: int, windows: int | None, batch_size: int,
                    where: str, max_positions: int | None) -> tuple[int, ...]:
     """Validate a greedy request; the window indices."""
-    from alibi.tokens.setup import resolve_windows
-
     if not 1 <= prompt_tokens <= prompts.tokens:
         raise InputError(f"--prompt-tokens {prompt_tokens}: must be in 1..{prompts.tokens} (the window length of {where})")
     if new_tokens < 1:
@@ -282,8 +297,6 @@ def resolve_greedy(prompts, prompt_tokens: int, new_tokens: int, windows: int | 
 
 
 def _max_positions(model_dir: Path) -> int | None:
-    from alibi.model.checkpoint import read_config
-
     value = read_config(model_dir).get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
 
@@ -322,16 +335,6 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
                    trace: bool = False) -> GreedyRun:
     """One run of one arm into the folder `out` (run.json + manifest.json, atomically; with `trace`
     also trace.pt, every module's output digests for `alibi locate`)."""
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.model.runner import load_model
-    from alibi.tokens.setup import (
-        check_output,
-        load_prompts,
-        open_inputs,
-        replay_predicate,
-    )
-
     model_dir = Path(model_dir)
     prompts = load_prompts(prompts_dir)
     if run_index < 1:
@@ -346,9 +349,6 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     if progress:
         progress.note(f"greedy run {label}-{run_index}: {name or 'dense'} on {lm.device}, {len(chosen)} prompts, "
                       f"batch {batch_size}")
-    from contextlib import nullcontext
-
-    from alibi.model.trace import ModuleTrace
 
     start = time.perf_counter()
     with ModuleTrace(lm) if trace else nullcontext() as recorder:
@@ -362,8 +362,6 @@ def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / RUN_FILE, run.to_json())
         if trace:
-            from alibi.tokens.variations import Execution, save_execution
-
             save_execution(Execution("greedy", {}, recorder), stage / TRACE_FILE)
         write_manifest(stage, "replay", replay_predicate(inputs, lm, label, {
             "replay": "greedy", "windows": list(chosen), "prompt_tokens": prompt_tokens,
@@ -391,12 +389,6 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
     """Every run of both arms in a fresh process (a-1, b-1, a-2, b-2, … interleaved, so a drift of the
     machine over time cannot pass for a kernel difference), then the comparison. Returns the
     result, or the exit code of the run that failed (nothing is written then)."""
-    from alibi.governance.identity import require_identity
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.tokens.setup import check_output, combined_predicate, load_prompts
-    from alibi.tokens.teacher_forced import StepFailed, alibi_command, run_child
-
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     if runs < 1:
         raise InputError(f"--runs {runs}: must be at least 1 (2 shows that each arm reproduces itself)")

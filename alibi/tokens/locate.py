@@ -70,6 +70,7 @@ class LocateResult:
 
 
 def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:
+    # deferred: keeps torch out of start-up
     from alibi.model.trace import first_divergence
     from alibi.tokens.greedy import TRACE_FILE, logit_row_agreement, read_run
     from alibi.tokens.variations import load_execution

@@ -150,6 +150,7 @@ def one_class_reason(flip: np.ndarray) -> str | None:
 
 def roc_auc(flip: np.ndarray, margin: np.ndarray, weight: np.ndarray | None = None) -> float | None:
     """ROC-AUC of −margin as a score for `flip` (None with one class)."""
+    # deferred: keeps sklearn out of start-up
     from sklearn.metrics import roc_auc_score
 
     if weight is not None:
@@ -162,6 +163,7 @@ def roc_auc(flip: np.ndarray, margin: np.ndarray, weight: np.ndarray | None = No
 
 def average_precision(flip: np.ndarray, margin: np.ndarray) -> float | None:
     """Average precision of −margin for `flip`, tied scores grouped into one threshold (None with one class)."""
+    # deferred: keeps sklearn out of start-up
     from sklearn.metrics import average_precision_score
 
     if one_class_reason(flip) is not None:
@@ -223,6 +225,7 @@ def leave_one_prompt_out(flip: np.ndarray, margin: np.ndarray, cluster: np.ndarr
 
 def margin_deciles(flip: np.ndarray, margin: np.ndarray) -> tuple[MarginDecile, ...]:
     """Flip rate per decile of the margin, tied margins sharing a decile (module docstring)."""
+    # deferred: keeps scipy out of start-up
     from scipy.stats import rankdata
 
     n = margin.size
@@ -269,6 +272,7 @@ def merge_cuts(cuts: np.ndarray, counts: np.ndarray, min_count: int = MIN_BIN) -
 
 
 def _brier(flip: np.ndarray, prob: np.ndarray, weight: np.ndarray | None = None) -> float:
+    # deferred: keeps sklearn out of start-up
     from sklearn.metrics import brier_score_loss
 
     return float(brier_score_loss(flip.astype(np.int64), prob, sample_weight=weight))
@@ -277,6 +281,7 @@ def _brier(flip: np.ndarray, prob: np.ndarray, weight: np.ndarray | None = None)
 def calibrate(flip: np.ndarray, margin: np.ndarray, cluster: np.ndarray, n_prompts: int, replicates: int,
               rng: np.random.Generator, min_count: int = MIN_BIN) -> Calibration:
     """Fit on even-numbered prompts, evaluate on odd-numbered ones (module docstring)."""
+    # deferred: keeps sklearn out of start-up
     from sklearn.isotonic import IsotonicRegression
 
     fit, held = cluster % 2 == 0, cluster % 2 == 1

@@ -36,9 +36,12 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.numerics import bits
+from alibi.governance.manifest import write_manifest
+from alibi.io import atomic
 from alibi.io.progress import Progress
+from alibi.model.runner import load_model
 from alibi.model.trace import ModuleTrace
-from alibi.tokens.setup import Span
+from alibi.tokens.setup import Span, check_output, load_prompts, open_inputs, replay_predicate, resolve_span
 
 SCHEMA = "alibi-prefill-decode/v1"
 RESULT_FILE = "prefill_decode.json"
@@ -258,8 +261,6 @@ def summary_lines(result: PrefillDecodeResult) -> list[str]:
 
 def resolve_pvd_span(prompts, windows: int | None, context: int | None, positions: int | None, where) -> Span:
     """As `resolve_span`, with P defaulting to 64 (or what is left of the window after T)."""
-    from alibi.tokens.setup import resolve_span
-
     if positions is None:
         t = prompts.tokens // 2 if context is None else context
         positions = max(min(DEFAULT_POSITIONS, prompts.tokens - t), 1)
@@ -271,16 +272,6 @@ def run_prefill_vs_decode(model_dir: str | os.PathLike, prompts_dir: str | os.Pa
                           positions: int | None = None, device: str | None = None, overwrite: bool = False,
                           progress: Progress | None = None, deterministic: bool = True) -> PrefillDecodeResult:
     """Prefill vs decode of one arm into the folder `out` (prefill_decode.json + manifest.json)."""
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.model.runner import load_model
-    from alibi.tokens.setup import (
-        check_output,
-        load_prompts,
-        open_inputs,
-        replay_predicate,
-    )
-
     prompts = load_prompts(prompts_dir)
     span = resolve_pvd_span(prompts, windows, context, positions, prompts_dir)
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
+from alibi.governance.manifest import Treatment, build_predicate, digest_set, read_manifest, resource, treatment_of
+from alibi.governance.prereg import ProtocolViolation, require_locked
+from alibi.io import atomic
 
 MANIFEST_KIND = "replay"
 
@@ -108,8 +111,6 @@ def check_output(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike 
     """Refuse an output folder that is, contains or lies inside an input (`inputs`: flag → path),
     and an existing one unless `overwrite` — and even then only an empty folder or an earlier
     replay output (a folder whose manifest is of kind `replay`), never an arbitrary folder."""
-    from alibi.io import atomic
-
     out = Path(out)
     for flag, path in inputs.items():
         if path is not None and _overlap(out, Path(path)):
@@ -125,8 +126,6 @@ def check_output(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike 
 
 
 def _is_replay_output(folder: Path) -> bool:
-    from alibi.governance.manifest import read_manifest
-
     try:
         return read_manifest(folder).kind == MANIFEST_KIND
     except InputError:
@@ -146,6 +145,7 @@ class ReplayInputs:
 
 
 def load_prompts(prompts_dir: str | os.PathLike):
+    # deferred: keeps torch out of start-up
     from alibi.model.prompts import load_prompt_set
 
     return load_prompt_set(prompts_dir)
@@ -154,7 +154,7 @@ def load_prompts(prompts_dir: str | os.PathLike):
 def open_inputs(model_dir: str | os.PathLike, prompts) -> ReplayInputs:
     """Verify the checkpoint (against its manifest when it has one) and that `prompts` was tokenized
     with its tokenizer; return the inputs as manifest resources."""
-    from alibi.governance.manifest import digest_set, resource
+    # deferred: keeps torch out of start-up
     from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
     from alibi.model.prompts import require_tokenizer_match
 
@@ -172,8 +172,6 @@ def replay_predicate(inputs: ReplayInputs, lm, arm: str, parameters: Mapping[str
     """The manifest predicate of one arm's replay output: inputs, the kernel treatment as `arm`,
     the parameters plus the device and checkpoint verification, toolkit and environment, and the
     protocol record (`locked_protocol`) of a pre-registered replay."""
-    from alibi.governance.manifest import build_predicate, treatment_of
-
     treatment = None if lm.kernel is None else treatment_of(lm.kernel, arm)
     params = {**parameters, "device": lm.device.type, "execution": lm.execution.as_dict(),
               "checkpoint_verified_against_manifest": inputs.checkpoint_verified}
@@ -188,7 +186,6 @@ def locked_protocol(prereg: str | os.PathLike | None) -> dict[str, Any] | None:
     amendment. None without `prereg`."""
     if prereg is None:
         return None
-    from alibi.governance.prereg import require_locked
 
     return require_locked(prereg).as_dict()
 
@@ -198,7 +195,6 @@ def recheck_protocol(prereg: str | os.PathLike | None, before: Mapping[str, Any]
     replay started (ProtocolViolation otherwise: an amendment during the run, nothing is written)."""
     if prereg is None or before is None:
         return
-    from alibi.governance.prereg import ProtocolViolation, require_locked
 
     now = require_locked(prereg)
     if now.head_sha256 != before["head_sha256"]:
@@ -213,8 +209,6 @@ def combined_predicate(arm_dirs: Mapping[str, str | os.PathLike], parameters: Ma
     each arm's treatment under its label, `parameters`, and `protocol` (which every arm's manifest must
     record too: InputError naming the arm otherwise). No kernel is imported here: the treatments are
     read back from the arms' manifests, as the arms' own processes recorded them."""
-    from alibi.governance.manifest import Treatment, build_predicate, read_manifest
-
     arms, inputs = {}, None
     for label, folder in arm_dirs.items():
         predicate = read_manifest(folder).predicate

@@ -23,7 +23,9 @@ the forward passes themselves (`analysis/bench_replay.py` measures the ratio).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,11 +34,27 @@ from pathlib import Path
 
 import torch
 
+import alibi
 from alibi.errors import InputError
+from alibi.governance.manifest import write_manifest
+from alibi.io import atomic
 from alibi.io.digests import sha256_bytes
 from alibi.io.progress import Progress
+from alibi.model.runner import load_model
+from alibi.tokens.flips import analyze_flips
 from alibi.tokens.records import ArmRecords, TokenRecord, window_sha256, write_records
-from alibi.tokens.setup import Span
+from alibi.tokens.setup import (
+    Span,
+    check_output,
+    combined_predicate,
+    load_prompts,
+    locked_protocol,
+    note_lines,
+    open_inputs,
+    recheck_protocol,
+    replay_predicate,
+    resolve_span,
+)
 
 HASH_CHUNK_ROWS = 32  # rows per hashing job: enough jobs to use the pool, few enough to keep overhead low
 
@@ -207,19 +225,6 @@ def run_teacher_forced(model_dir: str | os.PathLike, prompts_dir: str | os.PathL
     protocol folder the replay is measured under; its lock and head hashes go into the manifest
     (`predicate.protocol`), and an amendment while the replay runs leaves nothing written.
     """
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.model.runner import load_model
-    from alibi.tokens.setup import (
-        check_output,
-        load_prompts,
-        locked_protocol,
-        open_inputs,
-        recheck_protocol,
-        replay_predicate,
-        resolve_span,
-    )
-
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir, "--prereg": prereg}, overwrite)
@@ -255,8 +260,6 @@ def alibi_command(*args: str) -> list[str]:
 def child_env() -> dict[str, str]:
     """The environment of a fresh child process: this one's, with this toolkit first on PYTHONPATH
     (so the child runs the same code even from another working directory)."""
-    import alibi
-
     root = str(Path(alibi.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
@@ -265,8 +268,6 @@ def child_env() -> dict[str, str]:
 
 def run_child(argv: list[str], what: str, cwd: str | os.PathLike | None = None) -> int:
     """Run `argv` as a fresh process (its stderr passes through, its stdout goes to our stderr); its exit code."""
-    import subprocess
-
     # The child's stdout (its one-line summary, naming the staging folder) goes to our stderr: the
     # parent prints its own summary, and stdout stays free of lines about temporary folders.
     done = subprocess.run(argv, env=child_env(), cwd=cwd, check=False, stdout=subprocess.PIPE, text=True)
@@ -286,18 +287,6 @@ def run_pair(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: 
     the first step that failed (0 when all succeeded). prereg: the locked protocol both arms run
     under (passed to each arm's process); every manifest of the folder records its lock and head.
     """
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.tokens.setup import (
-        check_output,
-        combined_predicate,
-        load_prompts,
-        locked_protocol,
-        note_lines,
-        recheck_protocol,
-        resolve_span,
-    )
-
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     prompts = load_prompts(prompts_dir)
     span = resolve_span(prompts, windows, context, positions, prompts_dir)  # fail here, before any process starts
@@ -345,17 +334,9 @@ def analyze_flips_in(folder: Path, progress: Callable[[str], None] | None = None
     """The flip analysis of `folder/arm-a` against `folder/arm-b` into `folder/flips`.
 
     It runs with `folder` as the working directory and relative paths, so the analysis records
-    the arms as `arm-a` and `arm-b` rather than by the staging folder's temporary name. Through
-    `alibi.tokens.flips.analyze_flips` when that library is present (its IdentityViolation, exit 1,
-    and InputError, exit 2, propagate), else as `python -m alibi analyze flips` in a child process.
+    the arms as `arm-a` and `arm-b` rather than by the staging folder's temporary name
+    (`alibi.tokens.flips.analyze_flips`: its IdentityViolation, exit 1, and InputError, exit 2, propagate).
     """
-    import contextlib
-
-    try:
-        from alibi.tokens.flips import analyze_flips
-    except ImportError:
-        return run_child(alibi_command("analyze", "flips", "arm-a", "arm-b", "--out", "flips"), "the flip analysis",
-                         cwd=folder)
     with contextlib.chdir(folder):
         analyze_flips("arm-a", "arm-b", "flips", progress=progress)
     return 0

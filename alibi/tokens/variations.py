@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -41,8 +42,13 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError
+from alibi.governance.manifest import write_manifest
+from alibi.io import atomic
 from alibi.io.progress import Progress
-from alibi.model.trace import Divergence, ModuleTrace, first_divergence, row_digests
+from alibi.model.runner import load_model
+from alibi.model.trace import Call, Divergence, ModuleTrace, first_divergence, row_digests
+from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
+from alibi.tokens.teacher_forced import alibi_command, run_child
 
 SCHEMA = "alibi-variations/v1"
 RESULT_FILE = "variations.json"
@@ -177,8 +183,6 @@ def save_execution(ex: Execution, path: Path) -> None:
 
 
 def load_execution(path: Path, lm=None) -> Execution:
-    from alibi.model.trace import Call
-
     try:
         doc = torch.load(path, weights_only=True)
         trace = ModuleTrace(lm)
@@ -253,8 +257,6 @@ def certify_variations(lm, ids: torch.Tensor, windows: tuple[int, ...], context:
 
 def _child_argv(model_dir: Path, prompts_dir: Path, kernel: str | None, windows: int, context: int, positions: int,
                 batch: int, device: str | None, deterministic: bool, path: Path) -> list[str]:
-    from alibi.tokens.teacher_forced import alibi_command
-
     argv = ["variations", "--model", str(model_dir), "--prompts", str(prompts_dir), "--windows", str(windows),
             "--context", str(context), "--positions", str(positions), "--execution", f"decode@{batch}",
             "--execution-out", str(path), "--quiet"]
@@ -269,8 +271,6 @@ def _child_argv(model_dir: Path, prompts_dir: Path, kernel: str | None, windows:
 
 def resolve_request(prompts, windows: int | None, context: int | None, positions: int | None,
                     batch_sizes: tuple[int, ...], chunk: int, where):
-    from alibi.tokens.setup import resolve_span
-
     span = resolve_span(prompts, windows, context, positions, where)
     if any(b < 2 for b in batch_sizes):
         raise InputError(f"--batch-sizes {','.join(map(str, batch_sizes))}: every size must be at least 2 "
@@ -294,14 +294,6 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
 
     pages: called with the staged folder once variations.json and report.md are in it, before the manifest
     is written, so what it adds is covered too (`alibi variations` passes the HTML renderer: report.html)."""
-    import tempfile
-
-    from alibi.governance.manifest import write_manifest
-    from alibi.io import atomic
-    from alibi.model.runner import load_model
-    from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate
-    from alibi.tokens.teacher_forced import run_child
-
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     prompts = load_prompts(prompts_dir)
     batch_sizes = tuple(sorted(set(batch_sizes)))
@@ -349,9 +341,6 @@ def run_child_execution(model_dir, prompts_dir, path: str | os.PathLike, *, kern
                         windows: int | None, context: int | None, positions: int | None, device: str | None,
                         deterministic: bool) -> Execution:
     """The cold-restart side: one `decode@B` execution in this (fresh) process, saved to `path`."""
-    from alibi.model.runner import load_model
-    from alibi.tokens.setup import load_prompts
-
     if not execution.startswith("decode@") or not execution[7:].isdigit() or int(execution[7:]) < 1:
         raise InputError(f"--execution {execution!r}: only decode@B (B ≥ 1) runs on its own")
     prompts = load_prompts(prompts_dir)

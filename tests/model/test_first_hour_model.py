@@ -139,12 +139,12 @@ def test_model_prepare_counts_its_four_stages_on_stderr_and_not_on_stdout(tmp_pa
 
 @needs_model_extra
 def test_ctrl_c_during_capture_leaves_no_folder_and_says_so_in_one_line(workspace, monkeypatch, capsys):
-    import alibi.governance.manifest as manifest
+    from alibi.model import capture
 
     def interrupted(*args, **kwargs):  # Ctrl-C arrives after the tiles were written, before the manifest
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(manifest, "write_manifest", interrupted)
+    monkeypatch.setattr(capture, "write_manifest", interrupted)
     out = workspace / "cap"
     assert main(["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"),
                  "--out", str(out), "--quiet"]) == 130

@@ -396,12 +396,12 @@ def test_a_power_of_two_outside_the_stored_scale_dtype_is_refused(tmp_path, dens
 
 
 def test_a_failure_while_writing_leaves_no_output(tmp_path, w8a8_dir, monkeypatch, capsys):
-    from alibi.governance import manifest
+    from alibi.model import pow2_rewrite
 
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(manifest, "write_manifest", fail)
+    monkeypatch.setattr(pow2_rewrite, "write_manifest", fail)
     listing = _listing(tmp_path)
     capsys.readouterr()
     assert _rewrite(w8a8_dir, tmp_path / "out", "ceil", None) == 2  # the CLI's last resort: one line, exit 2

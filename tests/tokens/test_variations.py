@@ -201,16 +201,14 @@ def test_locate_names_the_module_that_made_two_traced_greedy_runs_part(tiny, tmp
     assert same.identical and same.logit_rows_identical == same.logit_rows_compared == 3 * 6
     assert same.batch_size_a == 3 and same.batch_size_b == 1
 
-    from alibi.model import runner
-
-    real_load = runner.load_model
+    real_load = greedy.load_model
 
     def perturbed(*args, **kwargs):
         lm = real_load(*args, **kwargs)
         lm.model.get_submodule("model.layers.0.mlp.act_fn").register_forward_hook(_TimeSeededPerturbation())
         return lm
 
-    monkeypatch.setattr(runner, "load_model", perturbed)
+    monkeypatch.setattr(greedy, "load_model", perturbed)
     greedy.run_greedy_arm(tiny / "w8a8", tiny / "set", tmp_path / "run-3", kernel=KERNEL, prompt_tokens=10,
                           new_tokens=6, batch_size=3, trace=True)
     assert main(["locate", str(runs[0]), str(tmp_path / "run-3")]) == 1

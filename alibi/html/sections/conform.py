@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alibi.conform.report import RegimeTotals, explanation, why_sentence
+from alibi.conform.results import Report
 from alibi.errors import InputError
 from alibi.html import figures
 from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
@@ -223,8 +224,6 @@ class Why:
 
     @classmethod
     def of(cls, doc: dict[str, Any], where: str) -> Why:
-        from alibi.conform.results import Report
-
         try:
             report = Report.from_dict(doc)
         except (KeyError, TypeError, ValueError) as exc:

@@ -96,6 +96,7 @@ def _figures(analysis) -> list[FigureView]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
+    # deferred: keeps torch out of start-up
     from alibi.sweep.analysis import (
         DepthAnalysis,  # its own reader validates the file; imported only when needed
     )

@@ -129,6 +129,7 @@ def _figures(fa) -> list[FigureView]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
+    # deferred: keeps torch out of start-up
     from alibi.tokens.flips import (
         FlipAnalysis,  # its own reader validates the file; imported only when needed
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from alibi.conform.matrix import STATUSES, Matrix, heatmap
 from alibi.errors import InputError
 from alibi.html.figures import Chart
 from alibi.html.render import FigureView, RenderedSection, render_fragment
@@ -22,8 +23,6 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
-    from alibi.conform.matrix import STATUSES, Matrix, heatmap  # imported only when a folder holds a matrix
-
     try:
         m = Matrix.from_json(text)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

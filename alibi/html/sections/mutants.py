@@ -22,6 +22,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
+    # deferred: keeps torch out of start-up
     from alibi.controls.mutant_matrix import (  # imported only when a folder holds a matrix
         DetectionMatrix,
         heatmap,

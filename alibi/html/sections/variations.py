@@ -11,6 +11,7 @@ VARIATION_FILES = ("variations.json",)
 
 
 def render_text(text: str, where: str) -> RenderedSection:
+    # deferred: keeps torch out of start-up
     from alibi.tokens.variations import VariationsReport
 
     try:
