@@ -21,7 +21,7 @@ import torch
 
 from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import bitwise_equal_mask, is_pow2, ulp_distance
+from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, compare_outputs, is_pow2
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -114,10 +114,11 @@ def _normal_range_mask(reference_fp32: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(reference_fp32) & ((a >= torch.finfo(torch.float32).tiny) | (a == 0))
 
 
-def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, int32_safe: bool,
+def pow2_identity(comparison: OutputComparison, s_w: torch.Tensor, int32_safe: bool,
                   reference_fp32: torch.Tensor | None, *, bias: bool = False,
                   bias_modes: tuple[str | None, str | None] = (None, None)) -> Verdict:
-    """Fires when, under power-of-two weight scales, the outputs differ in any bit.
+    """Fires when, under power-of-two weight scales, the outputs differ in any bit (`comparison`: the arms'
+    outputs compared, `compare_outputs`).
 
     For finite normal results `rnd(x)·2ᵏ = rnd(x·2ᵏ)`, so every scale order gives the same fp32
     and the outputs must be bitwise equal. Elements whose exact epilogue value is subnormal or
@@ -136,13 +137,13 @@ def pow2_identity(out_a: torch.Tensor, out_b: torch.Tensor, s_w: torch.Tensor, i
                else f"the arms declare different bias handling ({bias_modes[0]} vs {bias_modes[1]}): the identity "
                     "covers scale orders only, so these tiles are judged by predicted-differences")
         return inapplicable("pow2-identity", why, evidence={"reason": "bias-handling", "bias_modes": list(bias_modes)})
-    considered = torch.ones_like(out_a, dtype=torch.bool) if reference_fp32 is None else _normal_range_mask(reference_fp32)
-    differs = ~bitwise_equal_mask(out_a, out_b) & considered
-    ev = {"n_elements": out_a.numel(), "n_excluded_subnormal_or_overflow": int((~considered).sum()),
-          "n_differing": int(differs.sum())}
+    n = comparison.n_elements
+    differs = comparison.differs if reference_fp32 is None else comparison.differs & _normal_range_mask(reference_fp32)
+    n_excluded = 0 if reference_fp32 is None else int((~_normal_range_mask(reference_fp32)).sum())
+    ev = {"n_elements": n, "n_excluded_subnormal_or_overflow": n_excluded, "n_differing": int(differs.sum())}
     if bool(differs.any()):
         ev["first"] = _first_mismatch(differs)
-        return fired("pow2-identity", f"{ev['n_differing']} of {out_a.numel()} outputs differ under power-of-two "
+        return fired("pow2-identity", f"{ev['n_differing']} of {n} outputs differ under power-of-two "
                       "scales: an epilogue difference that no scale order explains", evidence=ev)
     return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
 
@@ -176,15 +177,15 @@ def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[float, torch.Te
     return floor, (mag < floor) | (mag == 0)
 
 
-def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | None,
+def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, comparison: OutputComparison, exact: torch.Tensor | None,
               floor_and_mask: tuple[float, torch.Tensor] | None) -> NearZero:
     """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N]);
-    `floor_and_mask` is `near_zero_mask(exact, out_dtype)` (None with no exact values)."""
+    `comparison` is the two outputs compared (`compare_outputs`), `floor_and_mask` is
+    `near_zero_mask(exact, out_dtype)` (None with no exact values)."""
     if exact is None or floor_and_mask is None or exact.numel() == 0:
         return NearZero(None, None, None, None, None)
     floor, near = floor_and_mask
-    differs = ~bitwise_equal_mask(out_a, out_b)
-    d = ulp_distance(out_a, out_b)
+    differs, d = comparison.differs, comparison.ulp
     above = (d >= 0) & ~near
     ulp = d[above]
     rel = ((out_a.double() - out_b.double()).abs() / exact.abs())[above & differs]
@@ -193,9 +194,10 @@ def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor | No
                     float(rel.max()) if rel.numel() else (0.0 if bool(above.any()) else None))
 
 
-def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: bool,
+def real_scale_tolerance(comparison: OutputComparison, real_regime: bool,
                          threshold: int = DEFAULT_ULP_THRESHOLD, near: torch.Tensor | None = None) -> Verdict:
-    """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ.
+    """Fires when the max finite ulp distance exceeds `threshold`, or finite/non-finite patterns differ
+    (`comparison`: the arms' outputs compared, `compare_outputs`).
 
     near: elements whose exact value is near zero (`near_zero`); they are not held to the ulp
     threshold — their distances are reported apart — because their ulps measure cancellation, not
@@ -203,10 +205,10 @@ def real_scale_tolerance(out_a: torch.Tensor, out_b: torch.Tensor, real_regime: 
     """
     if not real_regime:
         return inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
-    d = ulp_distance(out_a, out_b)
+    d = comparison.ulp
     finite = d >= 0
     judged = finite if near is None else finite & ~near
-    nonfinite_mismatch = ~finite & ~bitwise_equal_mask(out_a, out_b)
+    nonfinite_mismatch = ~finite & comparison.differs
     max_ulp = int(d[judged].max()) if bool(judged.any()) else None
     ev = {"max_ulp": max_ulp, "n_over_threshold": int((judged & (d > threshold)).sum()),
           "n_nonfinite_mismatch": int(nonfinite_mismatch.sum())}
@@ -263,8 +265,8 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
         if model is None or expected is None:
             unjudged.append(arm)
             continue
-        differs = ~bitwise_equal_mask(out, expected)
-        d = ulp_distance(out, expected)
+        comparison = compare_outputs(out, expected)
+        differs, d = comparison.differs, comparison.ulp
         judged[arm] = model
         if bool(differs.any()):
             bad[arm] = {"model": model, "n_differing": int(differs.sum()), "first": _first_mismatch(differs),

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from alibi.exact.numerics import OutputComparison
+
 SCHEMA = "alibi.differences/v1"
 # Elements listed per unit. SmolLM2-135M's real-scale units differ in at most 7 elements each at
 # M = 512; 32 lists every such difference while bounding a fully divergent unit to a few kB.
@@ -80,24 +82,25 @@ class Differences:
         return cls(int(d["count"]), int(d["cap"]), tuple(ElementDifference.from_dict(e) for e in d["elements"]))
 
 
-def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, cap: int = DIFFERENCE_CAP) -> Differences:
-    """The elements of two `[M, N]` outputs whose bit patterns differ (see the module docstring).
+def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: OutputComparison,
+                       cap: int = DIFFERENCE_CAP) -> Differences:
+    """The elements of two `[M, N]` outputs whose bit patterns differ (see the module docstring), read from
+    `comparison`, the unit's one comparison of the two (`alibi.exact.numerics.compare_outputs`).
 
     Bitwise, as every check: `+0` and `-0` differ, NaN payloads are compared.
     """
-    from alibi.exact.numerics import bits, bitwise_equal_mask, ulp_distance  # torch: only when computing
+    from alibi.exact.numerics import bits  # torch: only when computing
 
     if out_a.dim() != 2:
         raise ValueError(f"differing_elements: expected [M, N] outputs, got {list(out_a.shape)}")
-    differs = ~bitwise_equal_mask(out_a, out_b)
-    count = int(differs.sum())
-    positions = differs.nonzero()[:cap]  # row-major: nonzero() lists indices in C order
+    count = comparison.n_differing
+    positions = comparison.differs.nonzero()[:cap]  # row-major: nonzero() lists indices in C order
     rows, cols = positions[:, 0], positions[:, 1]
     a, b = out_a[rows, cols], out_b[rows, cols]
     width = 2 * out_a.element_size()  # hex digits of one element
     mask = (1 << (8 * out_a.element_size())) - 1
     a_bits, b_bits = bits(a).tolist(), bits(b).tolist()
-    ulps = ulp_distance(a, b).tolist()
+    ulps = comparison.ulp[rows, cols].tolist()
     elements = tuple(
         ElementDifference(int(r), int(c), f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
                           _number(float(va)), _number(float(vb)), None if u < 0 else int(u))

@@ -40,7 +40,7 @@ from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
-from alibi.exact.numerics import bitwise_equal_mask, dtype_name, is_pow2, is_subnormal, max_ulp_distance, pow2_round
+from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal, pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io import atomic
@@ -307,7 +307,9 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             if t.bias is not None:
                 exact = exact + t.bias.to(torch.float64).reshape(1, -1)
     with stage("checks"):
-        differs = ~bitwise_equal_mask(out_a, out_b)
+        # The one comparison of the two outputs: every check, the difference list and the summary read it.
+        comparison = compare_outputs(out_a, out_b)
+        differs = comparison.differs
         names = {"a": kernel_a.name, "b": kernel_b.name}
         if not int8:
             predicted, why_not, cause = None, f"{t.fmt} accumulation order is implementation-defined: the declared " \
@@ -319,13 +321,13 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
             cause = difference_cause(ma, mb, expect_a, expect_b, acc, t) if bool(predicted.any()) else None
         floor_and_mask = None if exact is None else checks.near_zero_mask(exact, dtype_name(t.out_dtype))
-        near = checks.near_zero(out_a, out_b, exact, floor_and_mask)
+        near = checks.near_zero(out_a, out_b, comparison, exact, floor_and_mask)
         verdicts = [
             checks.shared_operands(operands(ta), operands(tb)),
             checks.int32_no_overflow(pred, t.K),
             checks.lossless_fp32_entry(pred),
             checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
-            checks.pow2_identity(out_a, out_b, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
+            checks.pow2_identity(comparison, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
                                  bias_modes=(bias_handling(ma), bias_handling(mb)))
             if int8 and not _statistics(ma, mb) else
             checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order")
@@ -333,7 +335,7 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             checks.inapplicable("pow2-identity", "an arm dequantizes with absmax statistics 127·s and a constant, "
                                 "which power-of-two scales do not make commute: judged by predicted-differences",
                                 evidence={"reason": "statistics"}),
-            checks.real_scale_tolerance(out_a, out_b, regime == "real", ulp_threshold,
+            checks.real_scale_tolerance(comparison, regime == "real", ulp_threshold,
                                         near=None if floor_and_mask is None else floor_and_mask[1]),
             checks.token_level_risk(),
             checks.epilogue_model({"a": (ma.name if ma else None, out_a, expect_a),
@@ -355,13 +357,13 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
         verdicts.append(checks.inapplicable("m-invariance", why))
         verdicts.append(checks.inapplicable("run-to-run", why))
     with stage("checks"):
-        n_differing = int(differs.sum())
+        n_differing = comparison.n_differing
         explained = None if predicted is None else bool(torch.equal(differs, predicted))
         unit = UnitResult(
             tile=t.name, regime=regime, fmt=t.fmt, M=t.M, K=t.K, N=t.N, out_dtype=dtype_name(t.out_dtype),
             bias=t.bias is not None, n_elements=out_a.numel(), n_differing=n_differing,
-            max_ulp=max_ulp_distance(out_a, out_b), bitwise_equal=n_differing == 0,
-            differences=differing_elements(out_a, out_b),
+            max_ulp=comparison.max_ulp, bitwise_equal=n_differing == 0,
+            differences=differing_elements(out_a, out_b, comparison),
             max_abs_acc=pred.max_abs_acc if pred else None,
             headroom_bits=_finite_or_none(pred.headroom_bits) if pred else None,
             prediction=pred.prediction if pred else None,

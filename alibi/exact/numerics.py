@@ -12,6 +12,7 @@ Everything here is a pure function of tensors on the CPU. The definitions follow
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -76,6 +77,38 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     finite = torch.isfinite(a) & torch.isfinite(b)
     d = (ordered(a) - ordered(b)).abs()
     return torch.where(finite, d, torch.full_like(d, -1))
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """Two outputs of one shape and dtype compared once, element by element.
+
+    differs: True where the bit patterns differ (signed zeros differ, NaN payloads compared); ulp: the
+    distance on finite pairs, -1 where either element is not finite (`ulp_distance`). A conformance unit
+    computes this once and hands it to every check, its difference list and its summary, instead of each
+    of them comparing the whole output again."""
+
+    differs: torch.Tensor
+    ulp: torch.Tensor
+
+    @property
+    def n_elements(self) -> int:
+        return self.differs.numel()
+
+    @property
+    def n_differing(self) -> int:
+        return int(self.differs.sum())
+
+    @property
+    def max_ulp(self) -> int | None:
+        """Largest ulp distance over finite pairs, None when there is no finite pair (`max_ulp_distance`)."""
+        finite = self.ulp[self.ulp >= 0]
+        return int(finite.max()) if finite.numel() else None
+
+
+def compare_outputs(a: torch.Tensor, b: torch.Tensor) -> OutputComparison:
+    """The one element-by-element comparison of two outputs (`OutputComparison`)."""
+    return OutputComparison(differs=~bitwise_equal_mask(a, b), ulp=ulp_distance(a, b))
 
 
 def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:

@@ -105,9 +105,15 @@ class Kernel:
         return torch.device("cuda" if self.device == "cuda" else "cpu")
 
     def require_available(self) -> None:
+        """Raise KernelUnavailable unless `available()`. A kernel found available stays so for the life of this
+        instance: `run` asks before every launch, and some checks import a library or hash its files, so the
+        answer is taken once per kernel (once per pair in a conformance run), not once per launch."""
+        if self.__dict__.get("_found_available"):
+            return
         ok, reason = self.available()
         if not ok:
             raise KernelUnavailable(f"kernel {self.name!r} is not available here: {reason}")
+        self._found_available = True
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -13,6 +13,7 @@ from alibi.exact.numerics import (
     bits,
     bitwise_equal,
     bitwise_equal_mask,
+    compare_outputs,
     is_pow2,
     is_subnormal,
     max_ulp_distance,
@@ -185,3 +186,12 @@ def test_bits_gives_the_ieee_pattern():
     assert bits(f32(1.0)).item() == struct.unpack("<i", struct.pack("<f", 1.0))[0]
     assert bits(torch.tensor([-0.0], dtype=torch.bfloat16)).item() == -0x8000
     assert bitwise_equal_mask(f32(1.0), f32(1.0)).all()
+
+
+def test_one_output_comparison_gives_the_mask_and_the_ulp_distance_that_the_separate_functions_give():
+    a = torch.tensor([1.0, -0.0, float("inf"), 3.0, float("nan")], dtype=torch.bfloat16)
+    b = torch.tensor([1.0, 0.0, float("inf"), 3.015625, float("nan")], dtype=torch.bfloat16)
+    c = compare_outputs(a, b)
+    assert c.differs.tolist() == (~bitwise_equal_mask(a, b)).tolist() == [False, True, False, True, False]
+    assert c.ulp.tolist() == ulp_distance(a, b).tolist() == [0, 0, -1, 1, -1]
+    assert (c.n_elements, c.n_differing, c.max_ulp) == (5, 2, max_ulp_distance(a, b)) == (5, 2, 1)
