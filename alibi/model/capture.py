@@ -30,7 +30,7 @@ from alibi.errors import InputError
 from alibi.governance.manifest import build_predicate, digest_set, resource, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
-from alibi.model.checkpoint import read_config, tokenizer_digest, verified_checkpoint
+from alibi.model.checkpoint import checkpoint_resource, read_config, tokenizer_digest, verified_checkpoint
 from alibi.model.prompts import load_prompt_set, require_tokenizer_match
 from alibi.model.runner import LoadedModel, W8A8Linear, load_model
 from alibi.tiles.tile import Tile, tile_bytes
@@ -189,7 +189,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     with atomic.staged_dir(out) as stage:
         files = write_tiles(stage, tiles)
         write_manifest(stage, "capture", build_predicate(
-            inputs={"checkpoint": resource(model_dir.name or "model", model_dir),
+            inputs={"checkpoint": checkpoint_resource(model_dir.name or "model", model_dir, checkpoint),
                     "prompts": resource(Path(prompts_dir).name or "prompts", prompts_dir),
                     "tokenizer": {"name": "tokenizer", "digest": digest_set(tokenizer_digest(model_dir))}},
             treatment=treatment_of(lm.kernel, "capture"),

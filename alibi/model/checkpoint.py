@@ -13,6 +13,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -21,8 +22,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from alibi.errors import InputError, one_line, shown
-from alibi.governance.manifest import read_manifest, verify_files
+from alibi.governance.manifest import digest_set, read_manifest, resource, verify_files
 from alibi.io import jsonio
+from alibi.io.digests import sha256_listing
 from alibi.model.digests import (
     combined_sha256,
     file_sha256,
@@ -321,15 +323,17 @@ def checkpoint_digests(folder: str | Path, tensors: Mapping[str, torch.Tensor] |
 def verified_checkpoint(folder: str | Path) -> dict:
     """Check the checkpoint in `folder` against its `manifest.json` when it has one.
 
-    Returns `{"tensors_sha256": <tensor digest>, "verified": bool}`: with a manifest, every file
-    must match it (InputError naming the first mismatch) and the tensor digest is the one it
-    records; without one (e.g. a checkpoint made by llm-compressor) the digest is computed and
-    `verified` is False.
+    Returns `{"tensors_sha256": <tensor digest>, "verified": bool, "folder_sha256": <digest or None>}`: with a
+    manifest, every file must match it (InputError naming the first mismatch), the tensor digest is the one it
+    records, and `folder_sha256` is the folder's `digest_tree`, taken from the digests just verified (every file
+    of the folder is listed and matches, so the listing is the same) rather than by reading the weights again;
+    without one (e.g. a checkpoint made by llm-compressor) the tensor digest is computed, `verified` is False
+    and `folder_sha256` None.
     """
     folder = Path(folder)
     read_config(folder)
     if not (folder / MANIFEST_FILE).is_file():
-        return {"tensors_sha256": tensors_sha256(read_tensors(folder)), "verified": False}
+        return {"tensors_sha256": tensors_sha256(read_tensors(folder)), "verified": False, "folder_sha256": None}
     manifest = read_manifest(folder)
     problems = verify_files(folder)
     if problems:
@@ -337,4 +341,13 @@ def verified_checkpoint(folder: str | Path) -> dict:
                          "or restore the checkpoint")
     recorded = (manifest.predicate.get("parameters") or {}).get("tensors_digest") or {}
     digest = recorded.get("sha256") or tensors_sha256(read_tensors(folder))
-    return {"tensors_sha256": digest, "verified": True}
+    folder_digest = sha256_listing(sorted((s.name, s.sha256) for s in manifest.subjects))
+    return {"tensors_sha256": digest, "verified": True, "folder_sha256": folder_digest}
+
+
+def checkpoint_resource(name: str, folder: str | Path, checked: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest input record of the checkpoint in `folder` that `verified_checkpoint` returned `checked` for:
+    its folder digest is the verified one when there is one (the weights are not read again), else computed."""
+    if checked.get("folder_sha256") is None:
+        return resource(name, folder)
+    return {"name": name, "digest": digest_set(checked["folder_sha256"])}

@@ -155,13 +155,13 @@ def open_inputs(model_dir: str | os.PathLike, prompts) -> ReplayInputs:
     """Verify the checkpoint (against its manifest when it has one) and that `prompts` was tokenized
     with its tokenizer; return the inputs as manifest resources."""
     # deferred: keeps torch out of start-up
-    from alibi.model.checkpoint import tokenizer_digest, verified_checkpoint
+    from alibi.model.checkpoint import checkpoint_resource, tokenizer_digest, verified_checkpoint
     from alibi.model.prompts import require_tokenizer_match
 
     model_dir = Path(model_dir)
     checked = verified_checkpoint(model_dir)
     require_tokenizer_match(prompts, model_dir)
-    resources = {"checkpoint": resource("checkpoint", model_dir),
+    resources = {"checkpoint": checkpoint_resource("checkpoint", model_dir, checked),
                  "prompts": {"name": "prompts", "digest": digest_set(prompts.digest)},
                  "tokenizer": {"name": "tokenizer", "digest": digest_set(tokenizer_digest(model_dir))}}
     return ReplayInputs(model_dir, prompts, resources, bool(checked["verified"]))
