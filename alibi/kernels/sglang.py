@@ -25,6 +25,7 @@ import torch
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import VLLM_CUTLASS
 from alibi.kernels.base import Kernel
+from alibi.kernels.vllm import bias_in_output_dtype
 
 WHEELS = {"sglang-kernel": "0.4.10 (requires torch==2.14.1, CUDA 13)", "sgl-kernel": "0.3.21 (built for CUDA 12)"}
 
@@ -69,6 +70,7 @@ class SglKernel(Kernel):
     """What the two share: SGLang's op found by name in `sgl_kernel`, CUDA only."""
 
     device = "cuda"
+    bias_in_output_dtype = True  # vLLM's operand layout: the bias in the output dtype (refused where not exact)
     epilogue = VLLM_CUTLASS
     op_name = "int8_scaled_mm"
     operand_dtype: torch.dtype = torch.int8
@@ -90,9 +92,10 @@ class SglKernel(Kernel):
             raise InputError(f"kernel {self.name!r} takes {self.operand_dtype} operands, got {a_q.dtype} and {w_q.dtype}")
         M, N = a_q.shape[0], w_q.shape[0]
         fn = getattr(load(), self.op_name)
+        # vLLM's operand layout and vLLM's rule for the bias: in the output dtype, converted only where exact.
+        bias_out = bias_in_output_dtype(self.name, bias, N, out_dtype)
         return fn(a_q.contiguous(), w_q.contiguous().t(), s_a.reshape(-1, 1).to(torch.float32).contiguous(),
-                  s_w.reshape(-1, 1).to(torch.float32).contiguous(), out_dtype,
-                  None if bias is None else bias.to(out_dtype).contiguous())
+                  s_w.reshape(-1, 1).to(torch.float32).contiguous(), out_dtype, bias_out)
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
