@@ -1,9 +1,10 @@
 """`alibi conform` on the built-in default preset gives the same results as before the package was regrouped.
 
 `data/default-preset-results.json` holds the results part of the report.json that `alibi conform` wrote on the
-CPU at commit c3668e5 (right after the regroup into concept folders, before any check was touched), with
-SOURCE_DATE_EPOCH=1764547200: the verdict, the per-check summary and every unit (torch-cpu against triton under
-the Triton interpreter; exact integer accumulators on CPUs with VNNI, as CI's, and elementwise fp32 epilogues).
+CPU with SOURCE_DATE_EPOCH=1764547200 at commit 53d93fd, right after the regroup into concept folders and before
+any check was touched (aa9bf69, before the regroup, wrote the same report.json bytes): the verdict, the
+per-check summary and every unit (torch-cpu against triton under the Triton interpreter; exact integer
+accumulators on CPUs with VNNI, as CI's, and elementwise fp32 epilogues).
 What may differ between machines — the environment and the kernels' version evidence — is left out. A change
 that alters a verdict, a count, an ulp or a listed difference of the default run fails here; a deliberate one
 re-records the file and says why in its commit.
