@@ -3,7 +3,7 @@
 Without CUDA these tests run the real kernel code under the Triton interpreter (shapes stay small:
 the interpreter is slow); with CUDA the same tests run it natively. Both back ends are held to the
 same CPU model, so passing on both means the interpreter and the GPU give the same bits. The model
-and the exact accumulator on the shared grid (M = 1, ragged N and K, every bias and output dtype)
+and the exact accumulator on the shared grid (M = 1 and 67, ragged N and K, every bias and output dtype)
 are tests/kernels/test_kernel_contract.py's; here: pow2, subnormal and overflowing outputs, extreme
 accumulators, M invariance, the rounding itself, the mutant. Tests marked `gpu` repeat the claims at
 production shapes (M up to 4096, K up to 32768).
@@ -172,12 +172,12 @@ def test_kernel_compiles_for_sm90_with_tensor_cores_and_no_fma_or_flush_to_zero(
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_run_on_a_tile_returns_output_accumulator_and_the_block_config_used(triton_kernel):
+def test_a_run_records_the_block_config_it_used_and_the_declared_model_in_its_evidence(triton_kernel):
+    """Its output and accumulator on a run are tests/kernels/test_kernel_contract.py's."""
     a, s_a, w, s_w = _operands(5, 70, 9, seed=3)
     tile = Tile(name="t", a_q=a, s_a=s_a, w_q=w, s_w=s_w, bias=_bias(9, torch.bfloat16, 3))
     result = triton_kernel.run(tile, accumulator=True)
-    assert bitwise_equal(result.out, _model(a, s_a, w, s_w, tile.bias, torch.bfloat16))
-    assert result.acc.dtype == torch.int32 and torch.equal(result.acc.long(), exact_accumulator(a, w))
+    assert result.acc.dtype == torch.int32
     assert result.evidence["block_config"]["block_m"] == block_config(5, 9, None if interpreted() else
                                                                       torch.cuda.get_device_capability()).block_m
     assert result.evidence["epilogue_model"] == "a_then_w+add_after_cast"
@@ -202,7 +202,7 @@ def test_small_m_gets_a_small_block_m_as_in_vllm():
     assert block_config(4096, 4096, (9, 0)).block_m == 128
 
 
-# --- the output is the declared model (at M = 1 and ragged shapes: tests/kernels/test_kernel_contract.py) ------
+# --- the output is the declared model (at M = 1, 67 and ragged shapes: tests/kernels/test_kernel_contract.py) ---
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scales", ["pow2", "subnormal", "overflow"])
