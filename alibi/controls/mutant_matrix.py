@@ -1,6 +1,6 @@
 """The detection matrix: every check against every mutant of one base kernel.
 
-For each fault × severity × scale regime the conformance procedure (`alibi.conform.pipeline.conform`) runs
+For each fault × severity × scale regime the conformance procedure (`alibi.conform.pipeline.run_conformance`) runs
 the base against its mutant (arm a = the base, arm b = the mutant) on the same tiles. A row
 records, per check, whether it *fired* on any tile, stayed *silent* (applicable, never fired) or
 was *inapplicable* on every tile, and whether the fault was *observable*: whether the mutant

@@ -7,7 +7,7 @@ is inert unless one of two environment variables is set:
 - `ALIBI_CAPTURE_DIR=DIR`: every W8A8 Linear call writes one alibi tile into `DIR/raw-<pid>/`
   (`<sequence>_<layer>-<call>.safetensors`, the layer name as vLLM prefixes it, the call index per
   layer from 0), a line per call in `calls.jsonl`, and `engine.json` (vLLM's version, the kernel
-  class vLLM selected and, per layer, the op it chose). `alibi.engine.vllm_runs.finalize_capture`
+  class vLLM selected and, per layer, the op it chose). `alibi.engine.vllm_runs.finalize_server_capture`
   turns that into a manifest-pinned capture folder.
 - `ALIBI_KERNEL=K`: every W8A8 Linear runs alibi kernel `K` instead of vLLM's GEMM; everything else in
   the engine (the activation quantization included) stays vLLM's.
