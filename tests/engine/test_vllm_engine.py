@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from vllm_cpu_choice import vllms_own_kernel
 import torch
 
 pytestmark = [
@@ -133,7 +134,7 @@ def test_the_two_vllm_arms_differ_only_in_the_kernel_and_join_in_the_flip_analys
     from alibi.tokens.records import read_records
 
     a, b = read_records(pair / "arm-a"), read_records(pair / "arm-b")
-    assert (a.kernel, b.kernel) == ("vllm-cpu-onednn", SWAPPED)
+    assert (a.kernel, b.kernel) == (vllms_own_kernel(), SWAPPED)
     from alibi.model.prompts import load_prompt_set
     from alibi.tokens.records import window_sha256
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm_cpu_choice import vllms_own_kernel
 
 pytestmark = [
     pytest.mark.engine,
@@ -120,7 +121,7 @@ def test_the_server_worker_captured_every_w8a8_linear_of_each_forward(served):
     assert verify_files(served["capture"]) == []
     predicate = read_manifest(served["capture"]).predicate
     assert predicate["parameters"]["engine"]["kernel_classes"] == ["CPUInt8ScaledMMLinearKernel"]
-    assert predicate["treatment"]["kernel"] == "vllm-cpu-onednn"
+    assert predicate["treatment"]["kernel"] == vllms_own_kernel()
 
 
 def test_the_captured_server_set_conforms_on_its_prefill_tiles(served):
