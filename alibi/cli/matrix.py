@@ -11,6 +11,7 @@ from alibi.errors import InputError, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.limits import check_seed
+from alibi.io.typed import to_plain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                     parameters={"source": source.record, "kernels": names, "regimes": regimes,
                                                 "ulp_threshold": args.ulp_threshold,
                                                 "available_only": args.available_only,
-                                                "unavailable": [u.as_dict() for u in matrix.unavailable]},
+                                                "unavailable": to_plain(matrix.unavailable)},
                                     created_at=matrix.created_at)
         write_manifest(stage, "matrix", predicate, files=["matrix.json", "matrix.md", "report.html"])
     counts = {s: sum(1 for c in matrix.cells if c.status == s) for s in ("bitwise", "explained", "unexplained",

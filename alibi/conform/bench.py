@@ -15,13 +15,13 @@ GPU path of the exact reference is shown to give the CPU path's bits on the tile
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from alibi.governance.environment import environment_record
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi.bench-conform/v1"
 
@@ -41,7 +41,14 @@ class DeviceTiming:
 
 
 @dataclass(frozen=True)
-class ConformBench:
+class ConformBench(TypedResult):
+    """`alibi bench conform`: one pair over one tile source, timed per check device (`timings`), with the
+    per-unit results compared across the devices (`n_differing`, `identical_results`)."""
+
+    SCHEMA = SCHEMA
+    JSON_INDENT = 2
+    REMEDY = "re-run `alibi bench conform`"
+
     kernel_a: str
     kernel_b: str
     source: dict[str, Any]
@@ -53,23 +60,6 @@ class ConformBench:
     timings: tuple[DeviceTiming, ...]
     environment: dict[str, Any]
     schema: str = SCHEMA
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["timings"] = [asdict(t) for t in self.timings]
-        d["n_differing"] = list(self.n_differing)
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> ConformBench:
-        d = json.loads(text)
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"bench conform: schema {d.get('schema')!r}, expected {SCHEMA!r}")
-        timings = tuple(DeviceTiming(**{**t, "total_spread": tuple(t["total_spread"])}) for t in d["timings"])
-        return cls(**{**d, "timings": timings, "n_differing": tuple(d["n_differing"])})
 
 
 def reference_path(device: str) -> str:

@@ -12,8 +12,10 @@ row-major order (row, then column), the first `cap` of them: the same operands g
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from alibi.io.typed import TypedResult
 
 if TYPE_CHECKING:
     import torch
@@ -48,38 +50,21 @@ class ElementDifference:
     b: float | str
     ulp: int | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"row": self.row, "column": self.column, "a_bits": self.a_bits, "b_bits": self.b_bits,
-                "a": self.a, "b": self.b, "ulp": self.ulp}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ElementDifference:
-        return cls(int(d["row"]), int(d["column"]), str(d["a_bits"]), str(d["b_bits"]), d["a"], d["b"],
-                   None if d["ulp"] is None else int(d["ulp"]))
-
 
 @dataclass(frozen=True)
-class Differences:
+class Differences(TypedResult):
     """The differing elements of one unit: `count` in all, the first `cap` of them in `elements`."""
 
+    SCHEMA = SCHEMA
+
+    schema: str = field(default=SCHEMA, kw_only=True)  # first: the stored object names its schema first
     count: int
     cap: int
     elements: tuple[ElementDifference, ...]
-    schema: str = SCHEMA
 
     @property
     def truncated(self) -> bool:
         return self.count > len(self.elements)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "count": self.count, "cap": self.cap,
-                "elements": [e.as_dict() for e in self.elements]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Differences:
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"differences: schema {d.get('schema')!r}, expected {SCHEMA!r}")
-        return cls(int(d["count"]), int(d["cap"]), tuple(ElementDifference.from_dict(e) for e in d["elements"]))
 
 
 def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: OutputComparison,

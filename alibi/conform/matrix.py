@@ -37,12 +37,13 @@ import io
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from alibi.conform.verdict import Verdict
 from alibi.errors import InputError
 from alibi.governance.environment import toolkit_record
+from alibi.io.typed import TypedResult
 
 if TYPE_CHECKING:
     import torch
@@ -74,16 +75,6 @@ class MatrixKernel:
     launches: int
     self_checks: tuple[Verdict, ...]
 
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["self_checks"] = [v.to_dict() for v in self.self_checks]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MatrixKernel:
-        return cls(d["name"], d["epilogue_model"], d["how"], d["evidence"], int(d["launches"]),
-                   tuple(Verdict.from_dict(v) for v in d["self_checks"]))
-
     @property
     def fired(self) -> list[str]:
         return [v.check for v in self.self_checks if v.fired]
@@ -95,9 +86,6 @@ class Unavailable:
 
     name: str
     reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -113,9 +101,6 @@ class PairUnit:
     explained: bool | None
     cause: str | None
     max_ulp: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -136,26 +121,19 @@ class MatrixCell:
     fired: tuple[str, ...]
     units: tuple[PairUnit, ...]
 
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["causes"], d["fired"] = list(self.causes), list(self.fired)
-        d["units"] = [u.as_dict() for u in self.units]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MatrixCell:
-        kw = {f.name: d[f.name] for f in fields(cls)}
-        kw["causes"], kw["fired"] = tuple(d["causes"]), tuple(d["fired"])
-        kw["units"] = tuple(PairUnit(**u) for u in d["units"])
-        return cls(**kw)
-
 
 @dataclass(frozen=True)
-class Matrix:
+class Matrix(TypedResult):
     """The `matrix.json` document: the kernels (in the order given), those asked for but unavailable, one cell
     per unordered pair, the tile source and regimes, the environment, and created_at (the one wall-clock
     field; SOURCE_DATE_EPOCH fixes it)."""
 
+    SCHEMA = SCHEMA
+    JSON_INDENT = 2
+    REMEDY = "re-run `alibi matrix`"
+    FILE = "matrix.json"
+
+    schema: str = field(default=SCHEMA, kw_only=True)  # first: the document names its schema first
     created_at: str | None
     source: dict[str, Any]
     regimes: tuple[str, ...]
@@ -163,7 +141,6 @@ class Matrix:
     unavailable: tuple[Unavailable, ...]
     cells: tuple[MatrixCell, ...]
     environment: dict[str, Any]
-    schema: str = SCHEMA
 
     def cell(self, a: str, b: str) -> MatrixCell:
         for c in self.cells:
@@ -179,26 +156,6 @@ class Matrix:
     def exit_code(self) -> int:
         """1 when a pair differs unexplained or a kernel's own check fired; else 0."""
         return 1 if (self.unexplained or any(k.fired for k in self.kernels)) else 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "created_at": self.created_at, "source": self.source,
-                "regimes": list(self.regimes), "kernels": [k.as_dict() for k in self.kernels],
-                "unavailable": [u.as_dict() for u in self.unavailable], "cells": [c.as_dict() for c in self.cells],
-                "environment": self.environment}
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Matrix:
-        d = json.loads(text)
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-            raise ValueError(f"matrix: schema {got!r}, expected {SCHEMA!r} (re-run `alibi matrix`)")
-        return cls(d["created_at"], d["source"], tuple(d["regimes"]),
-                   tuple(MatrixKernel.from_dict(k) for k in d["kernels"]),
-                   tuple(Unavailable(**u) for u in d["unavailable"]),
-                   tuple(MatrixCell.from_dict(c) for c in d["cells"]), d["environment"])
 
 
 # --- each kernel once per tile --------------------------------------------------------------------

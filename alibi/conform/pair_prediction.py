@@ -11,11 +11,11 @@ which is what the epilogue-model check of `alibi conform` establishes.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from alibi.errors import InputError
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi.pair-prediction/v1"
 
@@ -34,9 +34,13 @@ class PredictedUnit:
 
 
 @dataclass(frozen=True)
-class PairPrediction:
+class PairPrediction(TypedResult):
     """The declared-model prediction for a pair over a tile source. verdict: `bitwise` (no predicted
     difference anywhere), `differs` (some), `undecided` (a tile whose accumulator may wrap)."""
+
+    SCHEMA = SCHEMA
+    JSON_INDENT = 2
+    REMEDY = "re-run `alibi predict-pair`"
 
     model_a: str
     model_b: str
@@ -44,22 +48,6 @@ class PairPrediction:
     verdict: str
     units: tuple[PredictedUnit, ...]
     schema: str = SCHEMA
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["units"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.units]
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> PairPrediction:
-        d = json.loads(text)
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"pair prediction: schema {d.get('schema')!r}, expected {SCHEMA!r}")
-        return cls(d["model_a"], d["model_b"], d["source"], d["verdict"],
-                   tuple(PredictedUnit(**u) for u in d["units"]))
 
 
 def declared_model(name: str):

@@ -2,25 +2,35 @@
 
 `report.json` is `Report.to_json()`; every consumer (`alibi.conform.report`, `alibi.html`, `alibi.testing`,
 `alibi.experiment`, `alibi.controls.mutant_matrix`, `alibi conform --resume`) reads it back through
-`Report.from_json` / `UnitResult.from_dict`, never by string keys of its own. The layout is
-published as a JSON Schema, `docs/schemas/alibi.conform.v2.schema.json` (fields and meaning:
-docs/report.md); tests validate real reports against it, and a schema file, once published, never
+`Report.from_json` (a unit file, through `alibi.io.typed.from_plain(UnitResult, …)`), never by string keys of
+its own. The layout is published as a JSON Schema, `docs/schemas/alibi.conform.v2.schema.json` (fields and
+meaning: docs/report.md); tests validate real reports against it, and a schema file, once published, never
 changes: a field that changes needs a new schema version.
+
+Reports of schema v1 (`alibi.conform/v1`, committed under analysis/results) are read too: a v1 unit lacks the
+predicted-against-observed and near-zero fields (read as None) and, in reports older still, `differences`
+(read as None). Such a report keeps its schema, so a reader can tell what it cannot hold, and is written
+back as v1.
 
 This module imports no torch: reading a report costs nothing at CLI start-up.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from alibi.conform.differences import Differences
 from alibi.conform.verdict import Verdict
+from alibi.errors import InputError, one_line, shown
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi.conform/v2"
 SCHEMA_FILE = "docs/schemas/alibi.conform.v2.schema.json"
+V1 = "alibi.conform/v1"
+# The unit fields v2 added; a v1 unit reads them as None.
+ADDED_IN_V2 = ("n_predicted", "explained", "cause", "near_zero_floor", "n_near_zero", "n_differing_near_zero",
+               "max_ulp_above_floor", "max_rel_diff_above_floor")
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class UnitResult:
     exact value counts as near zero (2^-p · the tile's largest exact |value|, p the output's
     significand bits); n_near_zero such elements; n_differing_near_zero of them differ;
     max_ulp_above_floor and max_rel_diff_above_floor over the others. verdicts: one per check.
+    In a unit of a v1 report the fields v2 added are None, and `differences` too where it predates them.
     """
 
     tile: str
@@ -52,7 +63,7 @@ class UnitResult:
     n_differing: int
     max_ulp: int | None
     bitwise_equal: bool
-    differences: Differences
+    differences: Differences | None
     max_abs_acc: int | None
     headroom_bits: float | None
     prediction: str | None
@@ -78,18 +89,16 @@ class UnitResult:
     def fired(self) -> list[str]:
         return [v.check for v in self.verdicts if v.fired]
 
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["differences"] = self.differences.as_dict()
-        d["verdicts"] = {v.check: v.to_dict() for v in self.verdicts}
-        return d
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: the verdicts as one object keyed by check (`alibi.io.typed`)."""
+        return {**doc, "verdicts": {v["check"]: v for v in doc["verdicts"]}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> UnitResult:
-        kw = {f.name: d[f.name] for f in fields(cls)}
-        kw["differences"] = Differences.from_dict(d["differences"])
-        kw["verdicts"] = tuple(Verdict.from_dict(v) for v in d["verdicts"].values())
-        return cls(**kw)
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        if not isinstance(doc.get("verdicts"), dict):
+            raise InputError(f"{one_line(where)}.verdicts: expected an object keyed by check, got "
+                             f"{shown(doc.get('verdicts'), 60)}")
+        return {**doc, "verdicts": list(doc["verdicts"].values())}
 
 
 @dataclass(frozen=True)
@@ -103,16 +112,9 @@ class KernelRecord:
     how: str
     evidence: dict[str, Any]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KernelRecord:
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
 
 @dataclass(frozen=True)
-class Report:
+class Report(TypedResult):
     """The `report.json` document: the pair, the source, the per-check summary and every unit.
 
     verdict: `pass` (no check fired and every required check applied), `fail` (a check fired) or
@@ -122,6 +124,13 @@ class Report:
     the record the folder's manifest carries too. replay: the flip analysis check 7 was judged on.
     """
 
+    SCHEMA = SCHEMA
+    READS = (V1,)
+    JSON_INDENT = 2
+    REMEDY = "re-run `alibi conform` to write a report this version reads"
+    FILE = "report.json"
+
+    schema: str = field(default=SCHEMA, kw_only=True)  # first: the document names its schema first
     created_at: str | None
     kernel_a: KernelRecord
     kernel_b: KernelRecord
@@ -136,7 +145,6 @@ class Report:
     tiles: tuple[UnitResult, ...]
     environment: dict[str, Any]
     replay: dict[str, Any] | None = None
-    schema: str = field(default=SCHEMA)
 
     def check(self, name: str) -> Verdict:
         for v in self.checks:
@@ -152,37 +160,24 @@ class Report:
         """0 unless a check fired (see `alibi.conform.pipeline.exit_code` for `--strict`)."""
         return 1 if self.verdict == "fail" else 0
 
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"schema": self.schema, "created_at": self.created_at,
-                             "kernel_a": self.kernel_a.as_dict(), "kernel_b": self.kernel_b.as_dict(),
-                             "selection": self.selection, "verdict": self.verdict, "equivalence": self.equivalence,
-                             "inconclusive_because": list(self.inconclusive_because), "source": self.source,
-                             "seed": self.seed, "regimes": list(self.regimes),
-                             "checks": [v.to_dict() for v in self.checks],
-                             "tiles": [u.as_dict() for u in self.tiles], "environment": self.environment}
-        if self.replay is not None:
-            d["replay"] = self.replay
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: `replay` only when check 7 was judged on one; a v1 report without v2's unit fields
+        (`alibi.io.typed`)."""
+        if doc["replay"] is None:
+            del doc["replay"]
+        if doc["schema"] == V1:
+            doc["tiles"] = [{k: v for k, v in unit.items()
+                             if k not in ADDED_IN_V2 and not (k == "differences" and v is None)}
+                            for unit in doc["tiles"]]
+        return doc
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Report:
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"report: schema {d.get('schema')!r}, expected {SCHEMA!r} (re-run `alibi conform` "
-                             "to write a report this version reads)")
-        return cls(created_at=d["created_at"], kernel_a=KernelRecord.from_dict(d["kernel_a"]),
-                   kernel_b=KernelRecord.from_dict(d["kernel_b"]), selection=d["selection"], verdict=d["verdict"],
-                   equivalence=d["equivalence"], inconclusive_because=tuple(d["inconclusive_because"]),
-                   source=d["source"], seed=d["seed"], regimes=tuple(d["regimes"]),
-                   checks=tuple(Verdict.from_dict(v) for v in d["checks"]),
-                   tiles=tuple(UnitResult.from_dict(u) for u in d["tiles"]), environment=d["environment"],
-                   replay=d.get("replay"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Report:
-        return cls.from_dict(json.loads(text))
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        """A v1 report's units with the fields v2 added, as None."""
+        if doc.get("schema") == V1 and isinstance(doc.get("tiles"), list):
+            missing = dict.fromkeys(("differences", *ADDED_IN_V2))
+            doc["tiles"] = [{**missing, **unit} if isinstance(unit, dict) else unit for unit in doc["tiles"]]
+        return doc
 
 
-__all__ = ["SCHEMA", "SCHEMA_FILE", "KernelRecord", "Report", "UnitResult"]
+__all__ = ["ADDED_IN_V2", "SCHEMA", "SCHEMA_FILE", "V1", "KernelRecord", "Report", "UnitResult"]

@@ -23,12 +23,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
+from alibi.io.typed import TypedResult
 
 SHARD_RUN_SCHEMA = "alibi.shard-run/v1"
 _DEVICE = re.compile(r"^(cuda|cpu):(\d+)$")
@@ -96,13 +97,15 @@ class ShardOutcome:
 
 
 @dataclass(frozen=True)
-class ShardRun:
+class ShardRun(TypedResult):
     """How a sharded run was spread, for the report folder's manifest parameters (never for report.json).
 
     engine: "torch.multiprocessing" or "ray"; devices: one entry per shard ("cuda:1", "cpu:0", or for Ray
     "ray:GPU"/"ray:CPU"); address: the Ray address given (None for processes); computed: units each shard
     computed (0 where it found them done); wall_s: the sharded phase's wall time (the timing field, kept
     out of the manifest by `manifest_record`)."""
+
+    SCHEMA = SHARD_RUN_SCHEMA
 
     engine: str
     devices: tuple[str, ...]
@@ -117,16 +120,6 @@ class ShardRun:
         return {"engine": self.engine, "devices": list(self.devices),
                 **({"address": self.address} if self.address is not None else {})}
 
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["devices"], d["computed"] = list(self.devices), list(self.computed)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardRun:
-        if d.get("schema") != SHARD_RUN_SCHEMA:
-            raise InputError(f"not a {SHARD_RUN_SCHEMA} record (schema {d.get('schema')!r})")
-        return cls(d["engine"], tuple(d["devices"]), d.get("address"), tuple(d["computed"]), float(d["wall_s"]))
 
 
 # --- devices --------------------------------------------------------------------------------------

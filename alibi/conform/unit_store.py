@@ -43,6 +43,7 @@ from alibi.errors import InputError, one_line
 from alibi.governance.manifest import canonical_json
 from alibi.io import atomic, jsonio
 from alibi.io.digests import sha256_bytes
+from alibi.io.typed import from_plain, to_plain
 
 UNIT_SCHEMA = "alibi.conform-unit/v2"
 LEDGER_SCHEMA = "alibi.conform-ledger/v1"
@@ -120,7 +121,7 @@ class UnitStore:
     def unit_document(self, unit, evidence: dict[str, Any], tile_digest: str) -> str:
         """The text of a unit file: schema, the plan and tile digests, the unit and each arm's evidence."""
         return unit_text({"schema": UNIT_SCHEMA, "plan": self.plan_sha256, "tile_sha256": tile_digest,
-                          "unit": unit.as_dict(), "evidence": evidence})
+                          "unit": to_plain(unit), "evidence": evidence})
 
     def write(self, uid: str, unit, evidence: dict[str, Any], tile_digest: str) -> None:
         """Record the unit's digest in this process's ledger, then write the unit file (both atomically)."""
@@ -178,9 +179,9 @@ class UnitStore:
             raise InputError(f"{label}: its digest is not in the run's ledger: the file was not written by this run "
                              f"(planted, edited or copied); {fix}")
         try:
-            unit = UnitResult.from_dict(doc["unit"])
-            same = unit.as_dict() == doc["unit"] and unit_text(doc) == data.decode("utf-8")
-        except (KeyError, TypeError, ValueError, AttributeError, UnicodeError):
+            unit = from_plain(UnitResult, doc["unit"], "unit")
+            same = to_plain(unit) == doc["unit"] and unit_text(doc) == data.decode("utf-8")
+        except (ValueError, UnicodeError):  # InputError is a ValueError
             same = False
         if not same:
             raise InputError(f"{label}: does not follow the unit schema (fields of alibi.conform.results.UnitResult); {fix}")
@@ -192,26 +193,19 @@ class UnitStore:
         return unit, doc["evidence"]
 
 
-_INT_FIELDS = ("M", "K", "N", "n_elements", "n_differing", "pow2_scales_changed", "subnormal_scales")
-_OPTIONAL_INT_FIELDS = ("max_ulp", "max_abs_acc", "n_predicted", "n_near_zero", "n_differing_near_zero",
-                        "max_ulp_above_floor")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+_OPTIONAL_COUNTS = ("max_ulp", "max_abs_acc", "n_predicted", "n_near_zero", "n_differing_near_zero",
+                    "max_ulp_above_floor")
 
 
 def unit_impossible(unit, tile, regime: str) -> str | None:
-    """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds)."""
+    """Why `unit` cannot be the result of `tile` under `regime` (None when every invariant holds). The field
+    types are the reader's (`alibi.io.typed.from_plain`): here only what the types cannot say."""
     # deferred: keeps torch out of start-up
     from alibi.exact.numerics import dtype_name
 
-    for name in _INT_FIELDS:
-        if not _is_int(getattr(unit, name)):
-            return f"{name} is {getattr(unit, name)!r}, not an integer"
-    for name in _OPTIONAL_INT_FIELDS:
+    for name in _OPTIONAL_COUNTS:
         value = getattr(unit, name)
-        if value is not None and (not _is_int(value) or value < 0):
+        if value is not None and value < 0:
             return f"{name} is {value!r}, not a count"
     want = {"tile": tile.name, "regime": regime, "fmt": tile.fmt, "M": tile.M, "K": tile.K, "N": tile.N,
             "out_dtype": dtype_name(tile.out_dtype), "bias": tile.bias is not None}
@@ -226,6 +220,8 @@ def unit_impossible(unit, tile, regime: str) -> str | None:
     if unit.bitwise_equal != (d == 0):
         return f"bitwise_equal is {unit.bitwise_equal} with {d:,} differing elements"
     diffs = unit.differences
+    if diffs is None:
+        return "it lists no differences (a unit of a v1 report)"
     if diffs.count != d or len(diffs.elements) != min(d, diffs.cap):
         return (f"the differences record {diffs.count:,} elements ({len(diffs.elements)} listed, cap {diffs.cap}) "
                 f"for {d:,} differing")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from alibi.errors import InputError, one_line, shown
+
 # Check identifiers, in report order, with the paper's number where it has one.
 CHECKS: dict[str, str] = {
     "shared-operands": "1. both arms received bitwise-identical operands and scales",
@@ -53,18 +55,26 @@ class Verdict:
     def status(self) -> str:
         return "inapplicable" if not self.applicable else ("fired" if self.fired else "passed")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "fired": self.fired, "applicable": self.applicable, "exact": self.exact,
-                "status": self.status, "threshold": self.threshold, "detail": self.detail,
-                "evidence": self.evidence}
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: `exact` and `status` written for readers, after `applicable` (`alibi.io.typed`)."""
+        return {"check": doc["check"], "fired": doc["fired"], "applicable": doc["applicable"], "exact": self.exact,
+                "status": self.status,
+                "threshold": doc["threshold"], "detail": doc["detail"], "evidence": doc["evidence"]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        """The inverse of `to_dict` (`exact` and `status` are derived, so they are checked, not stored)."""
-        v = cls(d["check"], bool(d["fired"]), bool(d["applicable"]), d["detail"], d["threshold"], d["evidence"])
-        if d.get("status", v.status) != v.status or d.get("exact", v.exact) != v.exact:
-            raise ValueError(f"verdict {d['check']!r}: status/exact do not follow from fired/applicable")
-        return v
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        """`exact` and `status` are derived, so they are checked against the check and fired/applicable, not stored."""
+        exact, status = doc.pop("exact", None), doc.pop("status", None)
+        check, fired, applicable = doc.get("check"), doc.get("fired"), doc.get("applicable")
+        if check not in CHECKS:
+            raise InputError(f"{one_line(where)}.check: {shown(check, 60)} is not a check of this version "
+                             f"({', '.join(CHECKS)})")
+        if isinstance(fired, bool) and isinstance(applicable, bool):
+            derived = "inapplicable" if not applicable else ("fired" if fired else "passed")
+            if (status is not None and status != derived) or (exact is not None and exact != EXACT[check]):
+                raise InputError(f"{one_line(where)}: status/exact of check {check!r} do not follow from "
+                                 "fired/applicable")
+        return doc
 
 
 def fired(check: str, detail: str, **kw: Any) -> Verdict:

@@ -32,11 +32,10 @@ stamped with the toolkit and the environment it ran in.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.exact.numerics import bits, bitwise_equal_mask
 from alibi.governance.environment import environment_record, toolkit_record
+from alibi.io.typed import TypedResult
 from alibi.kernels.base import Kernel, private_copy
 from alibi.kernels.registry import get_kernel, kernel_names
 from alibi.tiles.tile import Tile
@@ -95,11 +95,14 @@ class KernelFacts:
 
 
 @dataclass(frozen=True)
-class BoundaryReport:
+class BoundaryReport(TypedResult):
     """Every kernel's facts, stamped with where they were observed (schema `alibi.boundary/v1`).
 
     all_hold: every fact of every available kernel holds and at least one kernel was available.
     """
+
+    SCHEMA = SCHEMA
+    REMEDY = "re-run `alibi boundary`"
 
     schema: str
     created_at: str
@@ -107,17 +110,6 @@ class BoundaryReport:
     environment: Mapping[str, Any]
     kernels: tuple[KernelFacts, ...]
     all_hold: bool
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> BoundaryReport:
-        doc = json.loads(text)
-        if doc.get("schema") != SCHEMA:
-            raise InputError(f"not a boundary report of schema {SCHEMA} (schema {doc.get('schema')!r})")
-        kernels = tuple(KernelFacts(**{**k, "facts": tuple(Fact(**f) for f in k["facts"])}) for k in doc["kernels"])
-        return cls(**{**doc, "kernels": kernels})
 
     @property
     def exit_code(self) -> int:

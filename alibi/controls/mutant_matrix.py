@@ -20,7 +20,7 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from alibi.governance import write_manifest
 from alibi.governance.manifest import digest_set
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
+from alibi.io.typed import TypedResult
 from alibi.kernels.base import Kernel, KernelOutput
 from alibi.kernels.mutants import (
     ALL,
@@ -120,6 +121,16 @@ class FaultRow:
     def detected_by_seven(self) -> bool:
         return any(c in PAPER_SEVEN for c in self.fired)
 
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: `detected` and `detected_by_seven` written for readers, last (`alibi.io.typed`)."""
+        return {**doc, "detected": self.detected, "detected_by_seven": self.detected_by_seven}
+
+    @classmethod
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        doc.pop("detected", None)
+        doc.pop("detected_by_seven", None)
+        return doc
+
 
 @dataclass(frozen=True)
 class CheckSummary:
@@ -169,13 +180,17 @@ class NotApplicable:
 
 
 @dataclass(frozen=True)
-class DetectionMatrix:
+class DetectionMatrix(TypedResult):
     """The whole matrix: the base, the operands, the rows, and the summaries (schema `alibi.mutants/v1`).
 
     null_silent: no check fired on the null mutant; all_detected: every observable row of every
     other fault was detected by some check; undetected_classes: faults with an observable row no
     check detected (the honest blind spots).
     """
+
+    SCHEMA = SCHEMA
+    REMEDY = "re-run `alibi mutants`"
+    FILE = "detection.json"
 
     schema: str
     created_at: str
@@ -193,31 +208,6 @@ class DetectionMatrix:
     all_detected: bool
     undetected_classes: tuple[str, ...]
     environment: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        for row, obj in zip(doc["faults"], self.faults, strict=True):
-            row["detected"] = obj.detected
-            row["detected_by_seven"] = obj.detected_by_seven
-        return json.dumps(doc, indent=1, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> DetectionMatrix:
-        doc = json.loads(text)
-        if doc.get("schema") != SCHEMA:
-            raise InputError(f"not a detection matrix of schema {SCHEMA} (schema {doc.get('schema')!r})")
-        for row in doc["faults"]:
-            row.pop("detected", None)
-            row.pop("detected_by_seven", None)
-        tuples = ("regimes", "severities", "checks", "undetected_classes")
-        return cls(**{**doc, **{k: tuple(doc[k]) for k in tuples},
-                      "faults": tuple(FaultRow(**{**r, "fired": tuple(r["fired"])}) for r in doc["faults"]),
-                      "units": tuple(UnitRow(**{**u, "fired": tuple(u["fired"]),
-                                                "inapplicable": tuple(u["inapplicable"])}) for u in doc["units"]),
-                      "check_summary": tuple(CheckSummary(**c) for c in doc["check_summary"]),
-                      "classes": tuple(FaultClassSummary(**{**c, "detected_by": tuple(c["detected_by"])})
-                                       for c in doc["classes"]),
-                      "not_applicable": tuple(NotApplicable(**n) for n in doc["not_applicable"])})
 
     @property
     def exit_code(self) -> int:

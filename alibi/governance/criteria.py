@@ -26,11 +26,10 @@ exactly which bytes were judged against which locked text.
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from alibi.errors import InputError
 from alibi.governance.manifest import sha256_file
 from alibi.governance.prereg import require_locked
 from alibi.io import jsonio, yamlio
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi-criteria/v1"
 CRITERIA_FILE = "criteria.json"
@@ -67,9 +67,18 @@ class Outcome:
     expected: Any
     reason: str
 
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: the criterion's fields beside the judgement, in one object (`alibi.io.typed`)."""
+        return {**doc.pop("criterion"), **doc}
+
+    @classmethod
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        names = [f.name for f in fields(Criterion)]
+        return {"criterion": {k: doc.pop(k) for k in names if k in doc}, **doc}
+
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(TypedResult):
     """All criteria of a study judged against its results.
 
     verdict: `pass` (every criterion holds), `fail` (one does not), or `inconclusive` (none fails,
@@ -77,28 +86,17 @@ class Evaluation:
     protocol's folder, lock and head hashes (None when evaluated outside a protocol).
     """
 
+    SCHEMA = SCHEMA
+    JSON_INDENT = 2
+    JSON_SORT_KEYS = True
+    REMEDY = "judge the criteria again (`alibi prereg evaluate`)"
+    FILE = CRITERIA_FILE
+
     verdict: str
     outcomes: tuple[Outcome, ...]
     sources: Mapping[str, Mapping[str, str]]
     protocol: Mapping[str, Any] | None
     schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        doc = {"schema": self.schema, "verdict": self.verdict, "protocol": self.protocol,
-               "sources": {k: dict(v) for k, v in sorted(self.sources.items())},
-               "outcomes": [{**asdict(o.criterion), "holds": o.holds, "observed": o.observed,
-                             "expected": o.expected, "reason": o.reason} for o in self.outcomes]}
-        return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Evaluation:
-        doc = json.loads(text)
-        if doc.get("schema") != SCHEMA:
-            raise InputError(f"not an alibi criteria evaluation (schema must be {SCHEMA!r})")
-        names = Criterion.__dataclass_fields__
-        outcomes = tuple(Outcome(Criterion(**{k: o[k] for k in names}), o["holds"], o["observed"], o["expected"],
-                                 o["reason"]) for o in doc["outcomes"])
-        return cls(doc["verdict"], outcomes, doc["sources"], doc["protocol"])
 
 
 def parse_criteria(raw: Any, where: str) -> tuple[Criterion, ...]:

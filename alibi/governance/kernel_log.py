@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line, shown
 from alibi.io.digests import digest_set, sha256_bytes
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi.kernel-log/1"
 # One identifier between "Selected" and "for": vLLM's other "Selected ..." messages ("Selected
@@ -39,13 +40,16 @@ class KernelSelection:
 
 
 @dataclass(frozen=True)
-class KernelLog:
+class KernelLog(TypedResult):
     """The kernel-selection evidence of one log file.
 
     name: the log file's name as given; sha256: of its bytes; lines: every matching message, in
     file order, from "Selected" to the end of the target; selections: the distinct pairs, in order
     of first appearance.
     """
+
+    SCHEMA = SCHEMA
+    REMEDY = "record the engine's log again (`--kernel-log`)"
 
     name: str
     sha256: str
@@ -57,23 +61,18 @@ class KernelLog:
     def kernel_classes(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.kernel_class for s in self.selections))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": self.schema, "name": self.name, "log_digest": digest_set(self.sha256),
-                "lines": list(self.lines),
-                "selections": [{"kernel_class": s.kernel_class, "target": s.target} for s in self.selections]}
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: the schema first, the log's sha256 as a digest set (`alibi.io.typed`)."""
+        return {"schema": doc["schema"], "name": doc["name"], "log_digest": digest_set(doc["sha256"]),
+                "lines": doc["lines"], "selections": doc["selections"]}
 
     @classmethod
-    def from_json(cls, doc: Any) -> KernelLog:
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            raise InputError(f"kernel_log: schema {found!r} is not {SCHEMA!r}")
-        try:
-            return cls(name=str(doc["name"]), sha256=digest_set(doc["log_digest"]["sha256"])["sha256"],
-                       lines=tuple(str(x) for x in doc["lines"]),
-                       selections=tuple(KernelSelection(str(s["kernel_class"]), str(s["target"]))
-                                        for s in doc["selections"]))
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"kernel_log: field {exc} is missing or malformed") from None
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        digest = doc.pop("log_digest", None)
+        if not isinstance(digest, dict):
+            raise InputError(f"{one_line(where)}.log_digest: expected a digest set {{\"sha256\": …}}, got "
+                             f"{shown(digest, 60)}")
+        return {**doc, "sha256": digest_set(digest.get("sha256"))["sha256"]}
 
 
 def parse_kernel_log(data: bytes, name: str) -> KernelLog:

@@ -358,7 +358,7 @@ class Treatment:
             "kernel_evidence": None if self.kernel_evidence is None else dict(self.kernel_evidence),
         }
         if self.kernel_log is not None:  # only then: manifests without a log keep their bytes
-            doc["kernel_log"] = self.kernel_log.to_json()
+            doc["kernel_log"] = self.kernel_log.to_dict()
         return doc
 
 

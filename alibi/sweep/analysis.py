@@ -23,6 +23,8 @@ class DepthAnalysis(TypedResult):
     they share, and optionally a rows sweep (`rows`, read from `rows_source`)."""
 
     SCHEMA = FITS_SCHEMA
+    REMEDY = "re-run `alibi analyze depth`"
+    FILE = FITS_JSON
 
     sources: tuple[str, ...]
     analyses: tuple[DepthFits, ...]

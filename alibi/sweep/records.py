@@ -95,6 +95,8 @@ class DepthSweep(TypedResult):
     """
 
     SCHEMA = DEPTH_SCHEMA
+    REMEDY = "re-run `alibi sweep depth`"
+    FILE = DEPTH_JSON
 
     kernel_a: str
     kernel_b: str
@@ -171,6 +173,8 @@ class RowsSweep(TypedResult):
     """
 
     SCHEMA = ROWS_SCHEMA
+    REMEDY = "re-run `alibi sweep rows`"
+    FILE = ROWS_JSON
 
     kernel_a: str
     kernel_b: str

@@ -21,19 +21,15 @@ The field-by-field meaning of `flips.json` is in docs/flips.md.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
-import types
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 import numpy as np
 
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance.identity import (
     IdentityRecord,
     IdentityViolation,
@@ -48,6 +44,7 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.io import atomic
+from alibi.io.typed import TypedResult
 from alibi.tokens.arms import read_arm
 from alibi.tokens.foreign import compare_envelopes
 from alibi.tokens.join import Joined, join_arms, require_same_keying
@@ -110,12 +107,17 @@ class IdentityCheck:
 
 
 @dataclass(frozen=True)
-class FlipAnalysis:
+class FlipAnalysis(TypedResult):
     """The result of `analyze_flips` (`flips.json`); every field is documented in docs/flips.md.
 
     A statistic that could not be computed is None, with a `statuses` entry giving the reason;
     no field is ever NaN.
     """
+
+    SCHEMA = SCHEMA
+    JSON_SORT_KEYS = True
+    REMEDY = "pass the flips.json written by `alibi analyze flips`"
+    FILE = FLIPS_FILE
 
     arm_a: ArmSource
     arm_b: ArmSource
@@ -158,25 +160,15 @@ class FlipAnalysis:
                 return s
         raise KeyError(statistic)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
-
     @classmethod
-    def from_json(cls, text: str, where: str = FLIPS_FILE) -> FlipAnalysis:
-        """Parse and validate; InputError naming `where` and the first problem."""
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise InputError(f"{where}: not valid JSON ({str(exc).splitlines()[0]}); the file is empty, truncated "
-                             "or not a flips.json: re-run `alibi analyze flips`") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise InputError(f"{where}: not a flip analysis (schema must be {SCHEMA!r}); pass the flips.json "
-                             "written by `alibi analyze flips`")
-        analysis = _convert(cls, doc, where)
+    def from_dict(cls, doc: Any, where: str = "") -> FlipAnalysis:
+        """The typed reading (`alibi.io.typed`), then the counts checked against each other."""
+        analysis = super().from_dict(doc, where)
         if analysis.n_positions < 1 or not 0 <= analysis.n_flips <= analysis.n_positions \
                 or analysis.flip_rate != analysis.n_flips / analysis.n_positions:
-            raise InputError(f"{where}: n_positions {analysis.n_positions}, n_flips {analysis.n_flips} and flip_rate "
-                             f"{analysis.flip_rate} are inconsistent; the file was edited or damaged")
+            raise InputError(f"{one_line(where or FLIPS_FILE)}: n_positions {analysis.n_positions}, n_flips "
+                             f"{analysis.n_flips} and flip_rate {analysis.flip_rate} are inconsistent; the file was "
+                             "edited or damaged")
         return analysis
 
 
@@ -190,57 +182,6 @@ def read_flips(path: str | os.PathLike) -> FlipAnalysis:
         raise InputError(f"{f}: cannot read the flip analysis ({exc.__class__.__name__}); pass the flips.json "
                          "written by `alibi analyze flips`") from None
     return FlipAnalysis.from_json(text, str(f))
-
-
-# JSON -> typed result ------------------------------------------------------------------------
-def _convert(tp: Any, value: Any, where: str) -> Any:
-    """`value` (parsed JSON) as an instance of type `tp`, checked; InputError naming the field path."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        inner = [t for t in get_args(tp) if t is not type(None)]
-        if value is None:
-            return None
-        return _convert(inner[0], value, where)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise InputError(f"{where}: expected an object, got {type(value).__name__}")
-        hints = get_type_hints(tp)
-        names = [f.name for f in dataclasses.fields(tp)]
-        missing = [n for n in names if n not in value]
-        extra = sorted(set(value) - set(names))
-        if missing or extra:
-            raise InputError(f"{where}: " + (f"lacks {', '.join(missing)}" if missing else f"unknown {', '.join(extra)}")
-                             + "; the file was not written by this version of `alibi analyze flips`")
-        return tp(**{n: _convert(hints[n], value[n], f"{where}.{n}") for n in names})
-    if origin is tuple:
-        args = get_args(tp)
-        if not isinstance(value, list) or (args[-1] is not Ellipsis and len(value) != len(args)):
-            raise InputError(f"{where}: expected a list" + ("" if args[-1] is Ellipsis else f" of {len(args)}"))
-        items = args[:1] * len(value) if args[-1] is Ellipsis else args
-        return tuple(_convert(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(items, value)))
-    if origin is Mapping or tp is Mapping:
-        if not isinstance(value, dict):
-            raise InputError(f"{where}: expected an object")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise InputError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InputError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise InputError(f"{where}: expected a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise InputError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"no JSON conversion for {tp!r}")  # a field type this reader does not know: a code bug
 
 
 # identity ------------------------------------------------------------------------------------

@@ -11,31 +11,31 @@ Batching. All windows of a prompt set are equally long, so B prompts batch witho
 batch changes only M of the GEMMs (B·T at prefill, B per decode step), identically for both arms.
 The batch size is recorded; the last batch may be smaller when B does not divide the prompt count.
 
-One run is a folder `run.json` (`GreedyRun`, schema `alibi-greedy-run/v1`) + `manifest.json`
-(kind `replay`). A comparison is a folder:
+One run is a folder `run.json` (`GreedyRun`, schema `alibi-greedy-run/v2`; v1, without logit digests, is
+read too) + `manifest.json` (kind `replay`). A comparison is a folder:
 
-    greedy.json       `GreedyAgreement` (schema `alibi-greedy/v1`)
+    greedy.json       `GreedyAgreement` (schema `alibi-greedy/v2`; v1 is read too)
     runs/a-1, a-2, b-1, b-2, ...   one run folder each
     manifest.json     both arms' treatments, the inputs, the parameters
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
 from alibi.governance.identity import require_identity
 from alibi.governance.manifest import write_manifest
 from alibi.io import atomic
 from alibi.io.progress import Progress
+from alibi.io.typed import TypedResult
 from alibi.model.checkpoint import read_config
 from alibi.model.runner import load_model
 from alibi.model.trace import ModuleTrace
@@ -53,28 +53,13 @@ from alibi.tokens.variations import Execution, save_execution
 
 RUN_SCHEMA = "alibi-greedy-run/v2"
 SCHEMA = "alibi-greedy/v2"
-READ_SCHEMAS = {RUN_SCHEMA: ("alibi-greedy-run/v1", RUN_SCHEMA), SCHEMA: ("alibi-greedy/v1", SCHEMA)}
 TRACE_FILE = "trace.pt"
 RUN_FILE = "run.json"
 RESULT_FILE = "greedy.json"
 
 
-def _dump(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
-
-
-def _load(text: str, where: str, schema: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"{where}: not valid JSON ({str(exc).splitlines()[0]}); re-run the greedy replay") from None
-    if not isinstance(doc, dict) or doc.get("schema") not in READ_SCHEMAS[schema]:
-        raise InputError(f"{where}: not an alibi greedy file (schema must be {schema!r})")
-    return doc
-
-
 @dataclass(frozen=True)
-class GreedyRun:
+class GreedyRun(TypedResult):
     """One run of one arm.
 
     kernel: registry name (None for a dense model); arm: its label; run: which run of the arm
@@ -85,6 +70,12 @@ class GreedyRun:
     fp32 logit row each token was chosen from, so two runs compare bit for bit at every step (None
     in a v1 file).
     """
+
+    SCHEMA = RUN_SCHEMA
+    READS = ("alibi-greedy-run/v1",)  # without logit_digests
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run it"
+    FILE = RUN_FILE
 
     kernel: str | None
     arm: str
@@ -99,20 +90,10 @@ class GreedyRun:
     schema: str = RUN_SCHEMA
     logit_digests: tuple[tuple[str, ...], ...] | None = None
 
-    def to_json(self) -> str:
-        return _dump(asdict(self))
-
     @classmethod
-    def from_json(cls, text: str, where: str = RUN_FILE) -> GreedyRun:
-        doc = _load(text, where, RUN_SCHEMA)
-        try:
-            run = cls(**{f.name: doc[f.name] if f.name != "logit_digests" else doc.get(f.name) for f in fields(cls)})
-            digests = None if run.logit_digests is None else tuple(tuple(str(d) for d in p) for p in run.logit_digests)
-            run = cls(**{**asdict(run), "windows": tuple(int(w) for w in run.windows),
-                         "prompt_sha256": tuple(run.prompt_sha256), "logit_digests": digests,
-                         "sequences": tuple(tuple(int(t) for t in s) for s in run.sequences)})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: malformed greedy run ({exc!r}); re-run it") from None
+    def from_dict(cls, doc: Any, where: str = "") -> GreedyRun:
+        run = super().from_dict(doc, where)
+        where = one_line(where or RUN_FILE)
         if run.logit_digests is not None and [len(d) for d in run.logit_digests] != [len(q) for q in run.sequences]:
             raise InputError(f"{where}: logit digests do not match the sequences; the file is damaged: re-run it")
         if len(run.sequences) != len(run.windows) or any(len(s) != run.new_tokens for s in run.sequences):
@@ -132,7 +113,7 @@ def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 
 
 @dataclass(frozen=True)
-class GreedyAgreement:
+class GreedyAgreement(TypedResult):
     """Two arms' greedy runs compared.
 
     kernel_a, kernel_b: the arms' kernels; prompt_tokens, new_tokens, batch_size, windows: as in
@@ -150,6 +131,12 @@ class GreedyAgreement:
     prompts and steps of the run-1 pair, logit rows bitwise equal across the arms, and rows compared
     (both arms' rows exist up to the first token where the sequences part).
     """
+
+    SCHEMA = SCHEMA
+    READS = ("alibi-greedy/v1",)  # without the logit-row fields
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run it"
+    FILE = RESULT_FILE
 
     kernel_a: str | None
     kernel_b: str | None
@@ -174,27 +161,6 @@ class GreedyAgreement:
     logits_reproduce_b: bool | None = None
     logit_rows_identical: int | None = None
     logit_rows_compared: int | None = None
-
-    def to_json(self) -> str:
-        return _dump(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> GreedyAgreement:
-        doc = _load(text, where, SCHEMA)
-        optional = {"logits_reproduce_a", "logits_reproduce_b", "logit_rows_identical", "logit_rows_compared"}
-
-        def runs(value) -> tuple[tuple[tuple[int, ...], ...], ...]:
-            return tuple(tuple(tuple(int(t) for t in seq) for seq in run) for run in value)
-
-        try:
-            values = {f.name: doc.get(f.name) if f.name in optional else doc[f.name] for f in fields(cls)}
-            values.update(windows=tuple(values["windows"]), sequences_a=runs(values["sequences_a"]),
-                          sequences_b=runs(values["sequences_b"]), first_divergence=tuple(values["first_divergence"]),
-                          self_first_divergence_a=tuple(values["self_first_divergence_a"]),
-                          self_first_divergence_b=tuple(values["self_first_divergence_b"]))
-            return cls(**values)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: malformed greedy agreement ({exc!r}); re-run it") from None
 
 
 def compare_runs(runs_a: list[GreedyRun], runs_b: list[GreedyRun], identity: dict[str, Any]) -> GreedyAgreement:

@@ -16,20 +16,20 @@ compare directly. It reports
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi-locate/v1"
 RESULT_FILE = "locate.json"
 
 
 @dataclass(frozen=True)
-class LocateResult:
+class LocateResult(TypedResult):
     """Two runs compared (schema `alibi-locate/v1`).
 
     run_a, run_b: the folders as given; kernel_a, kernel_b; batch_size_a, batch_size_b;
@@ -39,6 +39,11 @@ class LocateResult:
     differing (prompt, position, module, kind, call_a, call_b) of the traces (None when they agree
     or were not traced); identical: every compared sequence and logit row (and traced module) agrees.
     """
+
+    SCHEMA = SCHEMA
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run `alibi locate`"
+    FILE = RESULT_FILE
 
     run_a: str
     run_b: str
@@ -54,19 +59,6 @@ class LocateResult:
     first_divergence: dict[str, Any] | None
     identical: bool
     schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> LocateResult:
-        try:
-            doc = json.loads(text)
-            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-                raise InputError(f"{where}: not an alibi locate result (schema must be {SCHEMA!r})")
-            return cls(**{f.name: doc[f.name] for f in fields(cls)})
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputError(f"{where}: malformed locate result ({exc!r}); re-run `alibi locate`") from None
 
 
 def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:

@@ -24,21 +24,20 @@ Bitwise means bit patterns (`alibi.exact.numerics.bits`): +0 and −0 differ, Na
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from alibi.errors import InputError
 from alibi.exact.numerics import bits
 from alibi.governance.manifest import write_manifest
 from alibi.io import atomic
 from alibi.io.progress import Progress
+from alibi.io.typed import TypedResult
 from alibi.model.runner import load_model
 from alibi.model.trace import ModuleTrace
 from alibi.tokens.setup import Span, check_output, load_prompts, open_inputs, replay_predicate, resolve_span
@@ -80,7 +79,7 @@ class PositionComparison:
 
 
 @dataclass(frozen=True)
-class PrefillDecodeResult:
+class PrefillDecodeResult(TypedResult):
     """Prefill vs decode of one arm (schema `alibi-prefill-decode/v1`).
 
     kernel: the arm's kernel (None for a dense model); context, positions, windows: the span;
@@ -99,6 +98,11 @@ class PrefillDecodeResult:
     context_logits_differ: the same for the logit rows; positions_detail: every compared position;
     seconds: wall time of both regimes, hooks included.
     """
+
+    SCHEMA = SCHEMA
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run `alibi replay prefill-vs-decode`"
+    FILE = RESULT_FILE
 
     kernel: str | None
     context: int
@@ -122,25 +126,6 @@ class PrefillDecodeResult:
     positions_detail: tuple[PositionComparison, ...]
     seconds: float
     schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> PrefillDecodeResult:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON ({exc}); re-run `alibi replay prefill-vs-decode`") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise InputError(f"{where}: not a prefill-vs-decode result (schema must be {SCHEMA!r})")
-        try:
-            detail = tuple(PositionComparison(**d) for d in doc["positions_detail"])
-            values = {f.name: doc[f.name] for f in fields(cls) if f.name != "positions_detail"}
-            values.update(windows=tuple(values["windows"]), module_order=tuple(values["module_order"]))
-            return cls(**values, positions_detail=detail)
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"{where}: malformed prefill-vs-decode result ({exc!r})") from None
 
 
 def module_kind(name: str) -> str:

@@ -20,17 +20,15 @@ A flip between two arms at one (window, position) is `top1_id` of A ≠ `top1_id
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from alibi.errors import InputError
 from alibi.io import atomic
 from alibi.io.digests import sha256_bytes
+from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi-teacher-forced/v1"
 RECORDS_FILE = "records.json"
@@ -58,7 +56,7 @@ class TokenRecord:
 
 
 @dataclass(frozen=True)
-class ArmRecords:
+class ArmRecords(TypedResult):
     """One arm's teacher-forced run.
 
     kernel: the registry name of the kernel its quantized Linears ran (None for a dense model);
@@ -67,56 +65,17 @@ class ArmRecords:
     position, window-major then position order.
     """
 
+    SCHEMA = SCHEMA
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run the replay arm"
+    FILE = RECORDS_FILE
+
     kernel: str | None
     context: int
     positions: int
     windows: tuple[int, ...]
     records: tuple[TokenRecord, ...]
     schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        doc = {"schema": self.schema, "kernel": self.kernel, "context": self.context, "positions": self.positions,
-               "windows": list(self.windows), "records": [asdict(r) for r in self.records]}
-        return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "records.json") -> "ArmRecords":
-        """Parse and validate; InputError naming `where` and the first problem."""
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, RecursionError, UnicodeError) as exc:
-            raise InputError(f"{where}: not valid JSON ({str(exc).splitlines()[0]}); the file is empty, "
-                             "truncated or not a records file: re-run the replay arm") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise InputError(f"{where}: not an alibi teacher-forced records file (schema must be {SCHEMA!r})")
-        try:
-            records = tuple(_record(r, where, i) for i, r in enumerate(doc["records"]))
-            arm = cls(kernel=doc["kernel"], context=int(doc["context"]), positions=int(doc["positions"]),
-                      windows=tuple(int(w) for w in doc["windows"]), records=records)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: malformed records file ({exc!r}); re-run the replay arm") from None
-        return arm
-
-
-_TYPES = {f.name: f.type for f in fields(TokenRecord)}
-
-
-def _record(raw: Any, where: str, index: int) -> TokenRecord:
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: record {index} is not an object")
-    missing = [n for n in _TYPES if n not in raw and n != "logits_sha256"]
-    if missing:
-        raise InputError(f"{where}: record {index} lacks {', '.join(missing)}")
-    rec = TokenRecord(**{n: raw.get(n) for n in _TYPES})
-    for name in ("window", "position", "forced_id", "top1_id"):
-        if not isinstance(getattr(rec, name), int) or isinstance(getattr(rec, name), bool):
-            raise InputError(f"{where}: record {index}: {name} must be an integer")
-    for name in ("forced_logprob", "top1_logprob", "top2_logprob", "margin"):
-        value = getattr(rec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise InputError(f"{where}: record {index} (window {rec.window}, position {rec.position}): "
-                             f"{name} is {value!r}, not a finite number")
-    return rec
 
 
 def window_sha256(ids: torch.Tensor) -> str:

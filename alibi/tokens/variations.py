@@ -30,12 +30,11 @@ Variations (pairs):
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from alibi.errors import InputError
 from alibi.governance.manifest import write_manifest
 from alibi.io import atomic
 from alibi.io.progress import Progress
+from alibi.io.typed import TypedResult
 from alibi.model.runner import load_model
 from alibi.model.trace import Call, Divergence, ModuleTrace, first_divergence, row_digests
 from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
@@ -80,7 +80,7 @@ class VariationResult:
 
 
 @dataclass(frozen=True)
-class VariationsReport:
+class VariationsReport(TypedResult):
     """`alibi variations` (schema `alibi-variations/v1`).
 
     kernel: the W8A8 Linears' kernel (None for a dense model); execution: the runner's mode
@@ -88,6 +88,11 @@ class VariationsReport:
     (T) and positions (P); batch_sizes; chunk (C); variations: one `VariationResult` each, in the
     order of the module docstring; holds: every variation holds; seconds: wall time, the fresh
     process included."""
+
+    SCHEMA = SCHEMA
+    JSON_SORT_KEYS = True
+    REMEDY = "re-run `alibi variations`"
+    FILE = RESULT_FILE
 
     kernel: str | None
     execution: dict[str, Any]
@@ -101,25 +106,6 @@ class VariationsReport:
     holds: bool
     seconds: float
     schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = RESULT_FILE) -> VariationsReport:
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise InputError(f"{where}: not valid JSON ({exc}); re-run `alibi variations`") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise InputError(f"{where}: not an alibi variations result (schema must be {SCHEMA!r})")
-        try:
-            values = {f.name: doc[f.name] for f in fields(cls)}
-            values.update(windows=tuple(values["windows"]), batch_sizes=tuple(values["batch_sizes"]),
-                          variations=tuple(VariationResult(**v) for v in values["variations"]))
-            return cls(**values)
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"{where}: malformed variations result ({exc!r}); re-run `alibi variations`") from None
 
 
 @dataclass

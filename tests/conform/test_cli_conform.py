@@ -290,8 +290,8 @@ def _file(folder, name, text):
     (lambda d: d / "missing.json", "cannot read the flip analysis"),
     (lambda d: _file(d, "empty.json", ""), "not valid JSON"),
     (lambda d: _file(d, "cut.json", '{"schema": "alibi-flips/v1", "n_pos'), "not valid JSON"),
-    (lambda d: _file(d, "other.json", '{"schema": "alibi.conform/v1"}'), "not a flip analysis"),
-    (lambda d: _file(d, "partial.json", '{"schema": "alibi-flips/v1", "n_positions": 10}'), "lacks arm_a"),
+    (lambda d: _file(d, "other.json", '{"schema": "alibi.conform/v1"}'), "expected 'alibi-flips/v1'"),
+    (lambda d: _file(d, "partial.json", '{"schema": "alibi-flips/v1", "n_positions": 10}'), "missing field 'arm_a'"),
 ])
 def test_a_bad_replay_file_exits_2_naming_it_and_writes_no_report(tmp_path, capsys, make, message):
     bad = make(tmp_path)

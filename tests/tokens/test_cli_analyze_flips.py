@@ -97,8 +97,8 @@ def _replace_records(arm: Path, text: str) -> None:
 @pytest.mark.parametrize("damage, message", [
     (lambda text: "", "the records file is empty"),
     (lambda text: text[: len(text) // 2], "not valid JSON"),
-    (lambda text: text.replace('"margin": 2.0', '"margin": NaN', 1), "margin is nan, not a finite number"),
-    (lambda text: text.replace('"margin": 2.0', '"margin": Infinity', 1), "margin is inf, not a finite number"),
+    (lambda text: text.replace('"margin": 2.0', '"margin": NaN', 1), "not valid JSON (NaN is not JSON)"),
+    (lambda text: text.replace('"margin": 2.0', '"margin": Infinity', 1), "not valid JSON (Infinity is not JSON)"),
     (lambda text: text.replace('"window": 1', '"window": 9', 1), "window index 9 is out of range"),
     (lambda text: text.replace('"margin": 2.0', '"margin": -2.0', 1), "margin -2.0 is negative"),
 ])

@@ -183,11 +183,11 @@ def test_a_flips_json_with_inconsistent_counts_or_a_missing_field_is_refused(tmp
         FlipAnalysis.from_json(json.dumps(doc))
     doc = json.loads(text)
     del doc["roc_auc"]
-    with pytest.raises(InputError, match="lacks roc_auc"):
+    with pytest.raises(InputError, match="missing field 'roc_auc' of FlipAnalysis"):
         FlipAnalysis.from_json(json.dumps(doc))
     doc = json.loads(text)
     doc["bins"][0]["n_calibration"] = "20"
     with pytest.raises(InputError, match=r"flips.json.bins\[0\].n_calibration: expected an integer"):
         FlipAnalysis.from_json(json.dumps(doc))
-    with pytest.raises(InputError, match="schema must be 'alibi-flips/v1'"):
+    with pytest.raises(InputError, match="schema is 'alibi-flips/v0', expected 'alibi-flips/v1'"):
         FlipAnalysis.from_json(json.dumps({**json.loads(text), "schema": "alibi-flips/v0"}))

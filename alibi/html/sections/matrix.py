@@ -7,10 +7,7 @@ labelled with its number of differing output elements.
 
 from __future__ import annotations
 
-import json
-
 from alibi.conform.matrix import STATUSES, Matrix, heatmap
-from alibi.errors import InputError
 from alibi.html.figures import Chart
 from alibi.html.render import FigureView, RenderedSection, render_fragment
 from alibi.html.sections import Section
@@ -23,11 +20,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def render_text(text: str, where: str) -> RenderedSection:
-    try:
-        m = Matrix.from_json(text)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{where}: not a readable conformance matrix ({type(exc).__name__}: {exc}); re-run "
-                         "`alibi matrix`") from None
+    m = Matrix.from_json(text, where)
     png = heatmap(m)
     w, h = _png_size(png)
     caption = ("One square per pair of kernels (symmetric). Green: bitwise equal on every tile and regime; blue: "

@@ -7,9 +7,6 @@ so the page and the mutant folder show the same picture.
 
 from __future__ import annotations
 
-import json
-
-from alibi.errors import InputError
 from alibi.html.figures import Chart
 from alibi.html.render import FigureView, RenderedSection, render_fragment
 from alibi.html.sections import Section
@@ -28,13 +25,7 @@ def render_text(text: str, where: str) -> RenderedSection:
         heatmap,
     )
 
-    try:
-        m = DetectionMatrix.from_json(text)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}; pass the detection.json written by `alibi mutants`") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{where}: not a readable detection matrix ({type(exc).__name__}: {exc}); re-run "
-                         "`alibi mutants`") from None
+    m = DetectionMatrix.from_json(text, where)
     png, _svg = heatmap(m)
     w, h = _png_size(png)
     caption = ("One row per fault × severity × scale regime (arm a the base, arm b its mutant), one column per "
