@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from alibi.conform.results import ReportVerdict
 from alibi.governance.environment import environment_record
 from alibi.io.typed import TypedResult
 
@@ -54,7 +55,7 @@ class ConformBench(TypedResult):
     source: dict[str, Any]
     units: int
     output_elements: int
-    verdict: str
+    verdict: ReportVerdict
     n_differing: tuple[int, ...]
     identical_results: bool
     timings: tuple[DeviceTiming, ...]

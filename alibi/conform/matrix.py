@@ -38,8 +38,10 @@ import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from alibi.conform.results import Regime, ReportVerdict
 from alibi.conform.verdict import Verdict
 from alibi.errors import InputError
 from alibi.governance.environment import toolkit_record
@@ -54,7 +56,18 @@ if TYPE_CHECKING:
 
 SCHEMA = "alibi.matrix/v1"
 SCHEMA_FILE = "docs/schemas/alibi.matrix.v1.schema.json"
-STATUSES = ("bitwise", "explained", "unexplained", "not-judged")
+
+
+class PairStatus(StrEnum):
+    """A cell's status (module docstring)."""
+
+    BITWISE = "bitwise"
+    EXPLAINED = "explained"
+    UNEXPLAINED = "unexplained"
+    NOT_JUDGED = "not-judged"
+
+
+STATUSES = tuple(PairStatus)
 SELF_CHECKS = ("m-invariance", "run-to-run")
 MATRIX_FILES = ("matrix.json", "matrix.md", "report.html")
 
@@ -94,7 +107,7 @@ class PairUnit:
     (`n_predicted`, None when not judged), `explained` (observed set = predicted set), `cause`, `max_ulp`."""
 
     tile: str
-    regime: str
+    regime: Regime
     n_elements: int
     n_differing: int
     n_predicted: int | None
@@ -111,13 +124,13 @@ class MatrixCell:
 
     kernel_a: str
     kernel_b: str
-    status: str
+    status: PairStatus
     causes: tuple[str, ...]
     n_elements: int
     n_differing: int
     n_predicted: int | None
     max_ulp: int | None
-    verdict: str
+    verdict: ReportVerdict
     fired: tuple[str, ...]
     units: tuple[PairUnit, ...]
 
@@ -136,7 +149,7 @@ class Matrix(TypedResult):
     schema: str = field(default=SCHEMA, kw_only=True)  # first: the document names its schema first
     created_at: str | None
     source: dict[str, Any]
-    regimes: tuple[str, ...]
+    regimes: tuple[Regime, ...]
     kernels: tuple[MatrixKernel, ...]
     unavailable: tuple[Unavailable, ...]
     cells: tuple[MatrixCell, ...]
@@ -150,7 +163,7 @@ class Matrix(TypedResult):
 
     @property
     def unexplained(self) -> list[MatrixCell]:
-        return [c for c in self.cells if c.status == "unexplained"]
+        return [c for c in self.cells if c.status == PairStatus.UNEXPLAINED]
 
     @property
     def exit_code(self) -> int:
@@ -256,13 +269,13 @@ def _cell(a: str, b: str, report) -> MatrixCell:
                            u.max_ulp) for u in report.tiles)
     fired = tuple(v.check for v in report.checks if v.fired)
     if "predicted-differences" in fired or "epilogue-model" in fired or any(u.explained is False for u in units):
-        status = "unexplained"
+        status = PairStatus.UNEXPLAINED
     elif all(u.n_differing == 0 for u in units):
-        status = "bitwise"
+        status = PairStatus.BITWISE
     elif all(u.explained for u in units):
-        status = "explained"
+        status = PairStatus.EXPLAINED
     else:
-        status = "not-judged"
+        status = PairStatus.NOT_JUDGED
     causes = tuple(dict.fromkeys(part for u in units if u.cause for part in u.cause.split(" and ")))
     predicted = [u.n_predicted for u in units]
     ulps = [u.max_ulp for u in units if u.max_ulp is not None]
@@ -436,5 +449,6 @@ def heatmap(m: Matrix) -> bytes:
     return buf.getvalue()
 
 
-__all__ = ["MATRIX_FILES", "SCHEMA", "SCHEMA_FILE", "STATUSES", "Matrix", "MatrixCell", "MatrixKernel", "PairUnit",
-           "RecordedKernel", "Unavailable", "heatmap", "operand_key", "run_matrix", "self_checks", "to_markdown"]
+__all__ = ["MATRIX_FILES", "SCHEMA", "SCHEMA_FILE", "STATUSES", "Matrix", "MatrixCell", "MatrixKernel", "PairStatus",
+           "PairUnit", "RecordedKernel", "Unavailable", "heatmap", "operand_key", "run_matrix", "self_checks",
+           "to_markdown"]

@@ -12,12 +12,23 @@ which is what the epilogue-model check of `alibi conform` establishes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from alibi.conform.results import Regime
 from alibi.errors import InputError
 from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi.pair-prediction/v1"
+
+
+class PairVerdict(StrEnum):
+    """What the declared models predict for a pair: no difference anywhere, some, or nothing (an int32
+    accumulator may wrap)."""
+
+    BITWISE = "bitwise"
+    DIFFERS = "differs"
+    UNDECIDED = "undecided"
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,7 @@ class PredictedUnit:
     when there are none); wrap_possible: the int32 accumulator may wrap, so no prediction is made."""
 
     tile: str
-    regime: str
+    regime: Regime
     n_elements: int
     n_predicted: int | None
     cause: str | None
@@ -45,7 +56,7 @@ class PairPrediction(TypedResult):
     model_a: str
     model_b: str
     source: dict[str, Any]
-    verdict: str
+    verdict: PairVerdict
     units: tuple[PredictedUnit, ...]
     schema: str = SCHEMA
 
@@ -95,9 +106,9 @@ def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPredic
             n = int((~bitwise_equal_mask(out_a, out_b)).sum())
             units.append(PredictedUnit(t.name, regime, t.M * t.N, n,
                                        difference_cause(ma, mb, out_a, out_b, prepared.acc, t) if n else None, False))
-    verdict = ("undecided" if any(u.wrap_possible for u in units)
-               else "differs" if any(u.n_predicted for u in units) else "bitwise")
+    verdict = (PairVerdict.UNDECIDED if any(u.wrap_possible for u in units)
+               else PairVerdict.DIFFERS if any(u.n_predicted for u in units) else PairVerdict.BITWISE)
     return PairPrediction(ma.name, mb.name, source.record, verdict, tuple(units))
 
 
-__all__ = ["SCHEMA", "PairPrediction", "PredictedUnit", "declared_model", "predict_pair"]
+__all__ = ["SCHEMA", "PairPrediction", "PairVerdict", "PredictedUnit", "declared_model", "predict_pair"]

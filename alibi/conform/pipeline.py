@@ -35,7 +35,16 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.differences import differing_elements
-from alibi.conform.results import SCHEMA, KernelRecord, Report, UnitResult
+from alibi.conform.results import (
+    SCHEMA,
+    Equivalence,
+    KernelRecord,
+    Regime,
+    Report,
+    ReportVerdict,
+    Safety,
+    UnitResult,
+)
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
@@ -51,7 +60,7 @@ from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
 
-REGIMES = ("real", "pow2")
+REGIMES = tuple(Regime)
 SUB_BATCH_SIZES = (1, 4, 16)
 
 
@@ -98,12 +107,12 @@ def apply_regime(tile: Tile, regime: str) -> Tile:
     raise InputError(f"unknown scale regime {regime!r}; use real and/or pow2")
 
 
-def validate_regimes(regimes: Iterable[str]) -> list[str]:
+def validate_regimes(regimes: Iterable[str]) -> list[Regime]:
     regimes = list(dict.fromkeys(regimes))
     unknown = [r for r in regimes if r not in REGIMES]
     if unknown or not regimes:
         raise InputError(f"--scales: unknown or empty regime list {unknown or regimes}; use real, pow2 or real,pow2")
-    return regimes
+    return [Regime(r) for r in regimes]
 
 
 def sub_batches(M: int) -> list[list[int]]:
@@ -366,7 +375,7 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             differences=differing_elements(out_a, out_b, comparison),
             max_abs_acc=pred.max_abs_acc if pred else None,
             headroom_bits=_finite_or_none(pred.headroom_bits) if pred else None,
-            prediction=pred.prediction if pred else None,
+            prediction=Safety(pred.prediction) if pred else None,
             n_predicted=None if predicted is None else int(predicted.sum()), explained=explained,
             cause=cause if explained else None,
             near_zero_floor=near.floor, n_near_zero=near.n_near_zero, n_differing_near_zero=near.n_differing_near_zero,
@@ -418,17 +427,18 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
     by_name = {v.check: v for v in combined}
     required = _required_checks(units) + (["token-level-risk"] if replay is not None else [])
     if any(v.fired for v in combined):
-        verdict = "fail"
+        verdict = ReportVerdict.FAIL
     elif all(by_name[c].applicable for c in required):
-        verdict = "pass"
+        verdict = ReportVerdict.PASS
     else:
-        verdict = "inconclusive"
+        verdict = ReportVerdict.INCONCLUSIVE
     missing = [c for c in required if not by_name[c].applicable]
     return Report(
         created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"]),
         kernel_b=_kernel_record(pair.b, evidence["b"]), selection=pair.selection, verdict=verdict,
-        equivalence="bitwise" if all(u.bitwise_equal for u in units) else "not bitwise",
-        inconclusive_because=tuple(f"{c}: {by_name[c].detail}" for c in missing) if verdict == "inconclusive" else (),
+        equivalence=Equivalence.BITWISE if all(u.bitwise_equal for u in units) else Equivalence.NOT_BITWISE,
+        inconclusive_because=(tuple(f"{c}: {by_name[c].detail}" for c in missing)
+                              if verdict == ReportVerdict.INCONCLUSIVE else ()),
         source=source, seed=seed, regimes=tuple(regimes), checks=tuple(combined), tiles=tuple(units),
         environment=environment, replay=None if replay is None else replay.as_dict())
 
@@ -622,7 +632,7 @@ def exit_code(report: Report, strict: bool = False) -> int:
     """0 when every applicable check passed (1 for inconclusive under `strict`), 1 when a check fired."""
     if report.verdict == "fail":
         return 1
-    return 1 if (strict and report.verdict == "inconclusive") else 0
+    return 1 if (strict and report.verdict == ReportVerdict.INCONCLUSIVE) else 0
 
 
 __all__ = ["PLAN_FILE", "REGIMES", "SCHEMA", "UNIT_SCHEMA", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",

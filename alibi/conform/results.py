@@ -18,6 +18,7 @@ This module imports no torch: reading a report costs nothing at CLI start-up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from alibi.conform.differences import Differences
@@ -31,6 +32,36 @@ V1 = "alibi.conform/v1"
 # The unit fields v2 added; a v1 unit reads them as None.
 ADDED_IN_V2 = ("n_predicted", "explained", "cause", "near_zero_floor", "n_near_zero", "n_differing_near_zero",
                "max_ulp_above_floor", "max_rel_diff_above_floor")
+
+
+class Regime(StrEnum):
+    """The scales a unit ran under: the tile's own, or its weight scales rounded to powers of two."""
+
+    REAL = "real"
+    POW2 = "pow2"
+
+
+class Safety(StrEnum):
+    """The headroom prediction of an int8 tile from its exact accumulator (`alibi.exact.emulator.predict`): no
+    int32 wrap and every accumulator exact in fp32, or not."""
+
+    BITWISE_SAFE = "bitwise-safe"
+    ELIGIBLE_TO_DIVERGE = "eligible-to-diverge"
+
+
+class ReportVerdict(StrEnum):
+    """A report's verdict: no check fired and every required check applied, a check fired, or neither."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+
+class Equivalence(StrEnum):
+    """Whether the two arms' outputs are bitwise equal on every unit of a report."""
+
+    BITWISE = "bitwise"
+    NOT_BITWISE = "not bitwise"
 
 
 @dataclass(frozen=True)
@@ -52,7 +83,7 @@ class UnitResult:
     """
 
     tile: str
-    regime: str
+    regime: Regime
     fmt: str
     M: int
     K: int
@@ -66,7 +97,7 @@ class UnitResult:
     differences: Differences | None
     max_abs_acc: int | None
     headroom_bits: float | None
-    prediction: str | None
+    prediction: Safety | None
     n_predicted: int | None
     explained: bool | None
     cause: str | None
@@ -135,12 +166,12 @@ class Report(TypedResult):
     kernel_a: KernelRecord
     kernel_b: KernelRecord
     selection: str
-    verdict: str
-    equivalence: str
+    verdict: ReportVerdict
+    equivalence: Equivalence
     inconclusive_because: tuple[str, ...]
     source: dict[str, Any]
     seed: int | None
-    regimes: tuple[str, ...]
+    regimes: tuple[Regime, ...]
     checks: tuple[Verdict, ...]
     tiles: tuple[UnitResult, ...]
     environment: dict[str, Any]
@@ -158,7 +189,7 @@ class Report(TypedResult):
     @property
     def exit_code(self) -> int:
         """0 unless a check fired (see `alibi.conform.pipeline.exit_code` for `--strict`)."""
-        return 1 if self.verdict == "fail" else 0
+        return 1 if self.verdict == ReportVerdict.FAIL else 0
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
         """As stored: `replay` only when check 7 was judged on one; a v1 report without v2's unit fields
@@ -180,4 +211,5 @@ class Report(TypedResult):
         return doc
 
 
-__all__ = ["ADDED_IN_V2", "SCHEMA", "SCHEMA_FILE", "V1", "KernelRecord", "Report", "UnitResult"]
+__all__ = ["ADDED_IN_V2", "SCHEMA", "SCHEMA_FILE", "V1", "Equivalence", "KernelRecord", "Regime", "Report",
+           "ReportVerdict", "Safety", "UnitResult"]

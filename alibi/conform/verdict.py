@@ -1,4 +1,4 @@
-"""A check's outcome (`Verdict`), the check identifiers in report order, and how verdicts combine.
+"""A check's outcome (`Verdict`, with its `Status`), the check identifiers in report order, and how verdicts combine.
 
 Torch-free, so that reading a report (`alibi.conform.results`) costs no torch import; the checks
 themselves are in `alibi.conform.checks`.
@@ -7,6 +7,7 @@ themselves are in `alibi.conform.checks`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from alibi.errors import InputError, one_line, shown
@@ -28,6 +29,14 @@ CHECKS: dict[str, str] = {
 }
 EXACT = {name: name not in ("real-scale-tolerance", "token-level-risk") for name in CHECKS}
 DEFAULT_ULP_THRESHOLD = 1
+
+
+class Status(StrEnum):
+    """What a check did on a unit: found a violation, applied and found none, or decided nothing."""
+
+    PASSED = "passed"
+    FIRED = "fired"
+    INAPPLICABLE = "inapplicable"
 
 
 @dataclass(frozen=True)
@@ -52,13 +61,13 @@ class Verdict:
         return EXACT[self.check]
 
     @property
-    def status(self) -> str:
-        return "inapplicable" if not self.applicable else ("fired" if self.fired else "passed")
+    def status(self) -> Status:
+        return Status.INAPPLICABLE if not self.applicable else (Status.FIRED if self.fired else Status.PASSED)
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
         """As stored: `exact` and `status` written for readers, after `applicable` (`alibi.io.typed`)."""
         return {"check": doc["check"], "fired": doc["fired"], "applicable": doc["applicable"], "exact": self.exact,
-                "status": self.status,
+                "status": self.status.value,
                 "threshold": doc["threshold"], "detail": doc["detail"], "evidence": doc["evidence"]}
 
     @classmethod
@@ -70,7 +79,7 @@ class Verdict:
             raise InputError(f"{one_line(where)}.check: {shown(check, 60)} is not a check of this version "
                              f"({', '.join(CHECKS)})")
         if isinstance(fired, bool) and isinstance(applicable, bool):
-            derived = "inapplicable" if not applicable else ("fired" if fired else "passed")
+            derived = Status.INAPPLICABLE if not applicable else (Status.FIRED if fired else Status.PASSED)
             if (status is not None and status != derived) or (exact is not None and exact != EXACT[check]):
                 raise InputError(f"{one_line(where)}: status/exact of check {check!r} do not follow from "
                                  "fired/applicable")

@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 
 from alibi.conform.checks import CHECKS
 from alibi.conform.pipeline import Pair, TileSource, environment, run_conformance, tiles_sha256, validate_regimes
-from alibi.conform.results import Report
+from alibi.conform.results import Regime, Report
 from alibi.errors import InputError
 from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
 from alibi.governance import write_manifest
@@ -52,7 +53,6 @@ SCHEMA = "alibi.mutants/v1"
 PAPER_SEVEN = ("shared-operands", "int32-no-overflow", "lossless-fp32-entry", "exact-accumulator",
                "pow2-identity", "real-scale-tolerance", "token-level-risk")
 DEFAULT_SEVERITIES = ("one", "pct", "all")
-STATUS_CELL = {"fired": "fired", "passed": "silent", "inapplicable": "inapplicable"}
 
 # Published detection by the seven checks (Chen 2026 follow-up, science.md §6b): observable rows
 # detected / observable rows, per fault class, on 196 layers × 3 severities × 2 regimes.
@@ -71,13 +71,22 @@ PUBLISHED = {
 
 # --- the result types -----------------------------------------------------------------------------
 
+class CheckCell(StrEnum):
+    """One check on one row of the matrix: it fired on some tile, applied and stayed silent, or could not apply
+    on any tile."""
+
+    FIRED = "fired"
+    SILENT = "silent"
+    INAPPLICABLE = "inapplicable"
+
+
 @dataclass(frozen=True)
 class UnitRow:
     """One fault × severity × regime on one tile: observable there, and which checks fired or could not apply."""
 
     fault: str
     severity: str
-    regime: str
+    regime: Regime
     implementation: str
     tile: str
     observable: bool
@@ -100,7 +109,7 @@ class FaultRow:
 
     fault: str
     severity: str
-    regime: str
+    regime: Regime
     kernel: str
     implementation: str
     paper: str | None
@@ -110,7 +119,7 @@ class FaultRow:
     changed_elements: int
     launched_elements: int
     max_ulp: int | None
-    cells: Mapping[str, str]
+    cells: Mapping[str, CheckCell]
     fired: tuple[str, ...]
 
     @property
@@ -196,7 +205,7 @@ class DetectionMatrix(TypedResult):
     created_at: str
     base: Mapping[str, Any]
     source: Mapping[str, Any]
-    regimes: tuple[str, ...]
+    regimes: tuple[Regime, ...]
     severities: tuple[str, ...]
     checks: tuple[str, ...]
     faults: tuple[FaultRow, ...]
@@ -333,11 +342,11 @@ def _row(plan: Plan, kernel_name: str, regime: str, units: list[UnitRow], agg: d
     cells = {}
     for c in CHECKS:
         if any(c in u.fired for u in units):
-            cells[c] = "fired"
+            cells[c] = CheckCell.FIRED
         elif all(c in u.inapplicable for u in units):
-            cells[c] = "inapplicable"
+            cells[c] = CheckCell.INAPPLICABLE
         else:
-            cells[c] = "silent"
+            cells[c] = CheckCell.SILENT
     return FaultRow(plan.fault, plan.severity, regime, kernel_name, plan.implementation, FAULTS[plan.fault].paper,
                     any(u.observable for u in units), sum(u.observable for u in units), len(units),
                     agg["changed"], agg["launched"], agg["max_ulp"], cells,
@@ -540,6 +549,7 @@ __all__ = [
     "DEFAULT_SEVERITIES",
     "PAPER_SEVEN",
     "SCHEMA",
+    "CheckCell",
     "CheckSummary",
     "DetectionMatrix",
     "FaultClassSummary",

@@ -30,6 +30,7 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,14 @@ from alibi.io.typed import TypedResult
 SCHEMA = "alibi-criteria/v1"
 CRITERIA_FILE = "criteria.json"
 OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+
+
+class StudyVerdict(StrEnum):
+    """A study judged: every criterion holds, one does not, or none fails but one is inapplicable."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,7 @@ class Evaluation(TypedResult):
     REMEDY = "judge the criteria again (`alibi prereg evaluate`)"
     FILE = CRITERIA_FILE
 
-    verdict: str
+    verdict: StudyVerdict
     outcomes: tuple[Outcome, ...]
     sources: Mapping[str, Mapping[str, str]]
     protocol: Mapping[str, Any] | None
@@ -184,11 +193,11 @@ def evaluate(criteria: tuple[Criterion, ...], documents: Mapping[str, Mapping[st
         else:
             outcomes.append(judge(c, documents[c.source]))
     if any(o.holds is False for o in outcomes):
-        verdict = "fail"
+        verdict = StudyVerdict.FAIL
     elif any(o.holds is None for o in outcomes):
-        verdict = "inconclusive"
+        verdict = StudyVerdict.INCONCLUSIVE
     else:
-        verdict = "pass"
+        verdict = StudyVerdict.PASS
     return Evaluation(verdict, tuple(outcomes), dict(sources), None if protocol is None else dict(protocol))
 
 

@@ -49,9 +49,8 @@ from alibi.tokens.arms import read_arm
 from alibi.tokens.foreign import compare_envelopes
 from alibi.tokens.join import Joined, join_arms, require_same_keying
 from alibi.tokens.margin import (
-    OK,
-    UNDEFINED,
     CalibrationBin,
+    Computed,
     LeaveOnePromptOut,
     MarginDecile,
     Status,
@@ -225,7 +224,7 @@ def _arm_source(arm: ArmSteps) -> ArmSource:
 
 
 def _status(name: str, reason: str | None) -> Status:
-    return Status(name, UNDEFINED, reason) if reason else Status(name, OK)
+    return Status(name, Computed.UNDEFINED, reason) if reason else Status(name, Computed.OK)
 
 
 def flip_statistics(joined: Joined, arm_a: ArmSource, arm_b: ArmSource, identity: IdentityCheck, *,
@@ -307,7 +306,7 @@ def summary_lines(fa: FlipAnalysis) -> list[str]:
         (f"held-out Brier {_num(fa.brier_heldout)} (CI90 {_ci(fa.brier_heldout_ci90)}) vs constant baseline "
          f"{_num(fa.brier_baseline)}; isotonic {_num(fa.brier_isotonic)}"),
     ]
-    lines += [f"undefined: {s.statistic}: {s.reason}" for s in fa.statuses if s.status != OK]
+    lines += [f"undefined: {s.statistic}: {s.reason}" for s in fa.statuses if s.status != Computed.OK]
     return lines
 
 

@@ -43,14 +43,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 MIN_BIN = 20
 QUANTILE_BINS = 10
 CI_PERCENTILES = (5.0, 95.0)
-OK = "ok"
-UNDEFINED = "undefined"
+
+
+class Computed(StrEnum):
+    """Whether a statistic could be computed."""
+
+    OK = "ok"
+    UNDEFINED = "undefined"
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ class Status:
     """Whether one statistic could be computed: status `ok` or `undefined`, and why not."""
 
     statistic: str
-    status: str
+    status: Computed
     reason: str = ""
 
 
@@ -115,7 +121,7 @@ class CalibrationBin:
     n_evaluation: int
     flips_evaluation: int
     flip_rate_evaluation: float | None
-    status: str = OK
+    status: str = Computed.OK
 
 
 @dataclass(frozen=True)
@@ -313,7 +319,7 @@ def calibrate(flip: np.ndarray, margin: np.ndarray, cluster: np.ndarray, n_promp
         n_calibration=int(n_cal[j]), flips_calibration=int(k_cal[j]), probability=float(prob[j]),
         n_evaluation=int(n_ev[j]), flips_evaluation=int(k_ev[j]),
         flip_rate_evaluation=float(k_ev[j] / n_ev[j]) if n_ev[j] else None,
-        status=OK if n_ev[j] else "no held-out position falls in this bin") for j in range(n_bins))
+        status=Computed.OK if n_ev[j] else "no held-out position falls in this bin") for j in range(n_bins))
     rate = float(y_fit.mean())
     p_held, p_const = prob[b_held], np.full(n_held, rate)
     iso = IsotonicRegression(increasing=False, out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(m_fit, y_fit.astype(np.float64))
@@ -337,7 +343,7 @@ def calibrate(flip: np.ndarray, margin: np.ndarray, cluster: np.ndarray, n_promp
                        _brier(y_held, iso.predict(m_held)), heldout_ci, difference_ci)
 
 
-__all__ = ["CI_PERCENTILES", "MIN_BIN", "QUANTILE_BINS", "BootstrapCI", "Calibration", "CalibrationBin",
+__all__ = ["CI_PERCENTILES", "MIN_BIN", "QUANTILE_BINS", "BootstrapCI", "Calibration", "CalibrationBin", "Computed",
            "LeaveOnePromptOut", "MarginDecile", "Status", "average_precision", "bin_of", "bootstrap_auc",
            "calibrate", "leave_one_prompt_out", "margin_deciles", "merge_cuts", "one_class_reason",
            "quantile_cuts", "roc_auc"]

@@ -201,6 +201,42 @@ def test_the_reader_names_the_field_path_of_a_wrong_type_a_missing_and_an_unknow
         Report.from_json("{", "r.json")
 
 
+def _enums(hint: Any, seen: set) -> set[type]:
+    """Every enum type reachable from a type hint through dataclass fields and type arguments."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {hint}
+    if dataclasses.is_dataclass(hint):
+        if hint in seen:
+            return set()
+        seen.add(hint)
+        return set().union(*(_enums(h, seen) for h in typing.get_type_hints(hint).values()))
+    return set().union(set(), *(_enums(a, seen) for a in typing.get_args(hint)))
+
+
+def test_verdicts_statuses_regimes_and_predictions_are_string_enums_written_as_their_strings():
+    from alibi.conform.verdict import Status  # a verdict's derived status, written beside fired/applicable
+
+    found = set().union({Status}, *(_enums(c, set()) for c in RESULTS))
+    assert {e.__name__ for e in found} >= {"Status", "ReportVerdict", "Equivalence", "Regime", "Safety", "PairStatus",
+                                           "PairVerdict", "StudyVerdict", "CheckCell", "Computed"}
+    for e in found:
+        assert issubclass(e, enum.StrEnum), f"{e.__name__}: a str enum, so f-strings, pages and JSON show its value"
+        for member in e:
+            assert f"{member}" == str(member) == member.value and json.dumps(member) == json.dumps(member.value)
+
+
+def test_an_unknown_enum_string_is_refused_naming_the_ones_it_may_be():
+    from alibi.conform.results import Report
+
+    doc = json.loads(_fix(Report, instance(Report, 1)).to_json())
+    with pytest.raises(InputError, match=r"r\.json\.verdict: expected one of 'pass', 'fail', 'inconclusive', got "
+                                         r"'passed'"):
+        Report.from_dict({**doc, "verdict": "passed"}, "r.json")
+    doc["tiles"][0]["regime"] = "pow3"
+    with pytest.raises(InputError, match=r"r\.json\.tiles\[0\]\.regime: expected one of 'real', 'pow2'"):
+        Report.from_dict(doc, "r.json")
+
+
 @pytest.mark.parametrize("hint, value, expected", [
     (int, 1.0, "an integer"), (int, True, "an integer"), (float, "1", "a finite number"), (bool, 0, "true or false"),
     (float | str, None, "a finite number or a string"), (tuple[int, int], [1], "a list of 2 items"),
