@@ -36,7 +36,6 @@ import torch
 from alibi.conform import checks
 from alibi.conform.differences import differing_elements
 from alibi.conform.results import (
-    SCHEMA,
     Equivalence,
     KernelRecord,
     Regime,
@@ -46,7 +45,7 @@ from alibi.conform.results import (
     UnitResult,
 )
 from alibi.conform.token_risk import ReplayEvidence
-from alibi.conform.unit_store import PLAN_FILE, UNIT_SCHEMA, UnitStore, tile_sha256
+from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
 from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal, pow2_round
@@ -635,6 +634,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == ReportVerdict.INCONCLUSIVE) else 0
 
 
-__all__ = ["PLAN_FILE", "REGIMES", "SCHEMA", "UNIT_SCHEMA", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
+__all__ = ["REGIMES", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
            "evaluate_unit", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
            "summarize"]

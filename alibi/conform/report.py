@@ -23,11 +23,11 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from alibi.conform.results import KernelRecord, Report, UnitResult
-from alibi.conform.verdict import CHECKS
+from alibi.conform.verdict import CHECKS, Status
 from alibi.errors import one_line
 from alibi.io import atomic, jsonio
 
-STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
+STATUS_WORD = {Status.PASSED: "passed", Status.FIRED: "FIRED", Status.INAPPLICABLE: "inapplicable"}
 # How many differing elements `report.md` shows per tile (report.json lists up to the cap of
 # `alibi.conform.differences`): one cell of the tile table.
 MD_POSITIONS = 1

@@ -390,5 +390,5 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
                     wall_s=time.perf_counter() - start)
 
 
-__all__ = ["SHARD_RUN_SCHEMA", "ShardJob", "ShardOutcome", "ShardRun", "SourceSpec", "WorkerFailed", "parse_devices", "require_ray",
+__all__ = ["SHARD_RUN_SCHEMA", "ShardJob", "ShardOutcome", "ShardRun", "SourceSpec", "parse_devices", "require_ray",
            "run_sharded", "run_shard", "shard_outcome", "shard_tiles"]

@@ -21,20 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from alibi.conform.differences import ElementDifference
-from alibi.conform.report import explanation, regime_totals, why_sentence
+from alibi.conform.report import STATUS_WORD, explanation, regime_totals, why_sentence
 from alibi.conform.results import SCHEMA, Report, UnitResult
 from alibi.conform.verdict import Verdict
 from alibi.html import figures
 from alibi.html.render import FigureView, RenderedSection, format_count, render_fragment
 from alibi.html.sections import Section
 
-SCHEMAS = (*Report.READS, Report.SCHEMA)  # the schemas the page renders
 REPORT_FILES = ("report.json", "report/report.json")
 # Tiles shown before the rest of the differing ones fold away under <details>.
 TOP_TILES = 25
 # Differing elements listed per unit in the table (report.json holds up to its cap).
 ELEMENTS_SHOWN = 8
-STATUS_WORD = {"passed": "passed", "fired": "FIRED", "inapplicable": "inapplicable"}
 
 
 @dataclass(frozen=True)
@@ -159,7 +157,7 @@ def _ulp_figure(report: Report) -> FigureView:
         listed_by_unit = [u.differences for u in report.tiles if u.differences is not None]
         listed = sum(len(d.elements) for d in listed_by_unit)
         total = sum(d.count for d in listed_by_unit)
-        truncated = [d for d in listed_by_unit if d.count > len(d.elements)]
+        truncated = [d for d in listed_by_unit if d.truncated]
         caption = ("Differing elements by ulp distance between the two arms' outputs (distance between the ordered "
                    "integer images of the bit patterns; +0 and −0 differ in bits at distance 0). Near-zero elements, "
                    "where a value is zero or the two values have opposite signs, are shown apart: their distance "
@@ -245,5 +243,5 @@ def render_text(text: str, where: str) -> RenderedSection:
 
 SECTION = Section(key="conform", files=REPORT_FILES, render=render_text)
 
-__all__ = ["REPORT_FILES", "SCHEMAS", "SECTION", "TileRow", "near_zero", "over_threshold", "render_report",
+__all__ = ["REPORT_FILES", "SECTION", "TileRow", "near_zero", "over_threshold", "render_report",
            "render_text", "sorted_rows", "tile_rows", "ulp_counts", "unit_counts", "why"]
