@@ -257,11 +257,12 @@ def test_a_result_holding_nan_is_a_bug_of_its_producer_and_is_not_written():
         to_plain({"x": float("nan")})
 
 
-# --- every committed result file ----------------------------------------------------------------------
+# --- every committed result file (analysis/results) -------------------------------------------------
 
 def _committed() -> list[tuple[str, type]]:
     by_schema = {s: c for c in RESULTS for s in (c.SCHEMA, *c.READS)}
-    files = subprocess.run(["git", "ls-files", "--", "*.json"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "--", "analysis/results/*.json"], cwd=REPO, capture_output=True,
+                           text=True).stdout.split()
     out = []
     for f in files:
         try:
