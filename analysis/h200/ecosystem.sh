@@ -148,7 +148,11 @@ if want identify; then
   done
   if [ "${ECO_PYTEST:-1}" = 1 ]; then
     step pytest-ecosystem-gpu 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_torchao.py \
-      tests/kernels/test_bnb.py tests/kernels/test_fbgemm_sglang.py tests/test_matrix.py --junitxml "$R/pytest-ecosystem-gpu.xml" &
+      tests/kernels/test_bnb.py tests/kernels/test_fbgemm_sglang.py tests/conform/test_matrix.py --junitxml "$R/pytest-ecosystem-gpu.xml" &
+  fi
+  if [ "${ECO_CONTRACT:-1}" = 1 ]; then  # the kernel contract over every GPU kernel (issue 23), skips with their reasons
+    step pytest-kernel-contract-gpu 420 python -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/kernels/test_kernel_contract.py --junitxml "$R/pytest-kernel-contract-gpu.xml" &
   fi
 fi  # the identify steps run on beside the matrices; the `wait` below collects them all
 

@@ -66,8 +66,11 @@ case $STAGE in
   matrices)  # one call: carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz,
              # src.tar.gz} with a travelling tree of analysis/h200 alone (the code runs from src.tar.gz)
     bash analysis/h200/vllm.sh --unpack || exit 1
+    # first, alone on the GPU: where conform's time goes (issue 23 item 4), then the matrices and GPU tests
+    mkdir -p "$OUT/profile"; timeout 120 python analysis/h200/profile_conform.py "$OUT/profile" > "$OUT/profile.log" 2>&1; stamp "profile rc=$?"
+    mv "$OUT/profile.log" "$OUT/profile/" 2>/dev/null
     ECO_PARTS="identify synthetic fp8" ECO_IDENTIFY="torchao-int-scaled-mm" bash analysis/h200/ecosystem.sh
-    finish ;;
+    finish profile ;;
   model)
     for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing"; exit 1; }; done
     if [ ! -f "$W/model/w8a8-pow2-ceil/manifest.json" ]; then
