@@ -15,7 +15,12 @@ launcher fills TMA descriptors through `triton.runtime.driver.active.utils.fill_
 `AttributeError: 'CudaUtils' object has no attribute 'fill_1d_tma_descriptor'` (2026-12-06). So alibi passes
 `tma_persistent=False`, which selects FBGEMM's persistent kernel with ordinary loads (`_kernel_matmul_fp8_row`,
 the same epilogue); the choice is recorded in the evidence (`last_run.tma_persistent`). A user of this FBGEMM
-release on this Triton gets the same error from the default call.
+release on this Triton gets the same error from the default call. That kernel is autotuned over FBGEMM's 88
+configurations per shape (`MATMUL_CONFIGS`: each compiled and timed), which took minutes for the handful of
+shapes of one conformance matrix on the H100 (2026-12-06); for the duration of a call alibi offers the
+autotuner the first of them (FBGEMM's own first choice for compute-bound shapes) and records it in the evidence
+(`last_run.triton_config`). The tile configuration changes the fp8 accumulation order, which is
+implementation-defined anyway, not the epilogue.
 
 What runs: `matmul_fp8_row(a, b, a_scale, b_scale, bias, tma_persistent=False)` with e4m3 `a [M,K]`, `b [N,K]`, fp32 scales
 `[M]`, `[N]` with `A·a_scale = original A` (alibi's convention), bias `[N]`; fp32 accumulation, output
@@ -144,12 +149,21 @@ class FbgemmFp8RowKernel(Kernel):
         M, N = a_q.shape[0], w_q.shape[0]
         a_scale = (s_a.expand(M) if s_a.numel() == 1 else s_a.reshape(M)).to(torch.float32).contiguous()
         b_scale = (s_w.expand(N) if s_w.numel() == 1 else s_w.reshape(N)).to(torch.float32).contiguous()
-        fn = load_fp8_gemm().matmul_fp8_row
+        module = load_fp8_gemm()
+        autotuner, config = module._kernel_matmul_fp8_row, module.MATMUL_CONFIGS[0]
         self.last_run = {"M": M, "op": "matmul_fp8_row", "tma_persistent": False,
+                         "triton_config": {**config.kwargs, "num_stages": config.num_stages,
+                                           "num_warps": config.num_warps},
                          "bias_dtype": None if bias is None else str(bias.dtype).removeprefix("torch.")}
-        # tma_persistent=False: the TMA launcher needs a Triton API that Triton 3.6 removed (module docstring).
-        return fn(a_q.contiguous(), w_q.contiguous(), a_scale, b_scale,
-                  bias=None if bias is None else bias.contiguous(), tma_persistent=False)
+        # tma_persistent=False: the TMA launcher needs a Triton API that Triton 3.6 removed; one configuration
+        # offered to the autotuner (module docstring).
+        offered = autotuner.configs
+        autotuner.configs = [config]
+        try:
+            return module.matmul_fp8_row(a_q.contiguous(), w_q.contiguous(), a_scale, b_scale,
+                                         bias=None if bias is None else bias.contiguous(), tma_persistent=False)
+        finally:
+            autotuner.configs = offered
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
