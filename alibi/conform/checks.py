@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,12 +26,74 @@ from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, compare_o
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
-def _first_mismatch(mask_differs: torch.Tensor) -> list[int] | None:
-    idx = mask_differs.nonzero()
+# --- measuring ---------------------------------------------------------------------------------
+# Every check is split in two: a measurement over tensors, and a verdict over the numbers it gave. A
+# measurement takes a batch, tensors [B, ...] holding one unit per leading index (the conformance pipeline
+# judges every unit of one shape at once, `alibi.conform.judge`), and returns per-unit values still on the
+# device; `numbers` brings all of a batch's values to the host in one transfer. The functions named after the
+# checks take one unit's tensors, as before, and run the same two halves on a batch of one.
+
+def count(mask: torch.Tensor) -> torch.Tensor:
+    """[B] int64: the True elements of each unit of a [B, ...] mask."""
+    return mask.reshape(mask.shape[0], -1).sum(1)
+
+
+def largest(values: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+    """[B]: each unit's largest value (among `where`), -1 where it has none (every value measured is ≥ 0 or -1)."""
+    if where is not None:
+        values = torch.where(where, values, torch.full((), -1, dtype=values.dtype, device=values.device))
+    return values.reshape(values.shape[0], -1).amax(1)
+
+
+def anywhere(mask: torch.Tensor) -> torch.Tensor:
+    """[B] bool: each unit of a [B, ...] mask has a True element."""
+    return mask.reshape(mask.shape[0], -1).any(1)
+
+
+def numbers(measured: dict[str, torch.Tensor]) -> list[dict[str, float]]:
+    """A batch's measured values on the host in one transfer: per unit, name → float (float64 holds every count,
+    ulp distance, |accumulator| and exact value measured here exactly)."""
+    if not measured:
+        return []
+    names = list(measured)
+    device = measured[names[0]].device
+    table = torch.stack([measured[n].to(device, torch.float64) for n in names]).cpu().tolist()
+    return [dict(zip(names, unit, strict=True)) for unit in zip(*table, strict=True)]
+
+
+def optional_int(x: float) -> int | None:
+    """A measured maximum as an int, None where the unit had no value to take it over (-1)."""
+    return None if x < 0 else int(x)
+
+
+def first_mismatch(mask: torch.Tensor) -> list[int] | None:
+    """The row-major first True position of one unit's mask, None when there is none."""
+    idx = mask.nonzero()
     return idx[0].tolist() if idx.numel() else None
 
 
+def _one(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.unsqueeze(0)
+
+
 # 1 -------------------------------------------------------------------------------------------
+def operands_differ(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | bool:
+    """Per unit, whether two batches of one operand ([B, ...]) hold different bytes; True (for every unit) when
+    only one arm has the operand or their dtypes or shapes differ."""
+    if a is None or b is None or a.dtype != b.dtype or a.shape != b.shape:
+        return True
+    if a.device != b.device:  # arms on different devices
+        b = b.to(a.device)
+    return ~(a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).reshape(a.shape[0], -1).all(1)
+
+
+def shared_operands_verdict(differing: list[str]) -> Verdict:
+    if differing:
+        return fired("shared-operands", f"operands differ between the arms: {', '.join(differing)} "
+                      "(look at the harness or quantizer, not the kernel)", evidence={"differing": differing})
+    return passed("shared-operands", "both arms received bitwise-identical operands")
+
+
 def shared_operands(operands_a: dict[str, torch.Tensor | None], operands_b: dict[str, torch.Tensor | None]) -> Verdict:
     """Fires when the two arms did not receive bitwise-identical operands (a harness or quantizer fault).
 
@@ -42,16 +105,10 @@ def shared_operands(operands_a: dict[str, torch.Tensor | None], operands_b: dict
         a, b = operands_a.get(key), operands_b.get(key)
         if a is None and b is None:
             continue
-        if a is not None and b is not None and a.device != b.device:  # arms on different devices
-            b = b.to(a.device)
-        same = a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape and bool(
-            (a.contiguous().view(torch.uint8) == b.contiguous().view(torch.uint8)).all())
-        if not same:
+        differs = operands_differ(_one(a), _one(b))
+        if differs is True or bool(differs[0]):
             differing.append(key)
-    if differing:
-        return fired("shared-operands", f"operands differ between the arms: {', '.join(differing)} "
-                      "(look at the harness or quantizer, not the kernel)", evidence={"differing": differing})
-    return passed("shared-operands", "both arms received bitwise-identical operands")
+    return shared_operands_verdict(differing)
 
 
 # 2, 3 ----------------------------------------------------------------------------------------
@@ -80,31 +137,46 @@ def lossless_fp32_entry(pred: Prediction | None) -> Verdict:
 
 
 # 4 -------------------------------------------------------------------------------------------
+def accumulator_mismatch(acc: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """[B, M, N] mask: where exposed int32 accumulators differ from the wrapped exact ones (`int32_wrap`)."""
+    return acc.to(torch.int64) != expected.to(torch.int64)
+
+
+def accumulator_violation(acc: torch.Tensor, expected: torch.Tensor, mismatch: torch.Tensor, n: int) -> dict[str, Any]:
+    """One unit's evidence of an accumulator that differs in `n` elements: the first, with both values."""
+    at = first_mismatch(mismatch)
+    return {"n_differing": n, "first": at, "got": int(acc[tuple(at)]), "expected": int(expected[tuple(at)])}
+
+
+def exact_accumulator_verdict(exposed: list[str], bad: dict[str, Any]) -> Verdict:
+    """Check 4 from what an int8 unit's arms exposed (`exposed`, sorted) and the violations found (`bad`)."""
+    if not exposed:
+        return inapplicable("exact-accumulator", "neither arm exposes its int32 accumulator")
+    ev = {"exposed_by": exposed, **({"mismatches": bad} if bad else {})}
+    if bad:
+        return fired("exact-accumulator", "int32 accumulator differs from the exact reference in arm(s) "
+                      f"{', '.join(sorted(bad))}: an integer-path defect", evidence=ev)
+    return passed("exact-accumulator", f"accumulator(s) of arm(s) {', '.join(exposed)} equal the exact "
+                   "reference", evidence=ev)
+
+
 def exact_accumulator(reference: torch.Tensor | None, acc_a: torch.Tensor | None,
                       acc_b: torch.Tensor | None) -> Verdict:
     """Fires when an exposed int32 accumulator differs from the exact reference (as int32) or the other arm."""
     exposed = {arm: acc for arm, acc in (("a", acc_a), ("b", acc_b)) if acc is not None}
     if reference is None:
         return inapplicable("exact-accumulator", "no exact reference (not an int8 tile)")
-    if not exposed:
-        return inapplicable("exact-accumulator", "neither arm exposes its int32 accumulator")
     expected = int32_wrap(reference)
     bad: dict[str, Any] = {}
     for arm, acc in exposed.items():
         if acc.shape != expected.shape:
             bad[arm] = {"shape": list(acc.shape)}
             continue
-        differs = acc.to(torch.int64) != expected.to(torch.int64)
-        if bool(differs.any()):
-            at = _first_mismatch(differs)
-            bad[arm] = {"n_differing": int(differs.sum()), "first": at,
-                        "got": int(acc[tuple(at)]), "expected": int(expected[tuple(at)])}
-    ev = {"exposed_by": sorted(exposed), **({"mismatches": bad} if bad else {})}
-    if bad:
-        return fired("exact-accumulator", "int32 accumulator differs from the exact reference in arm(s) "
-                      f"{', '.join(sorted(bad))}: an integer-path defect", evidence=ev)
-    return passed("exact-accumulator", f"accumulator(s) of arm(s) {', '.join(sorted(exposed))} equal the exact "
-                   "reference", evidence=ev)
+        mismatch = accumulator_mismatch(acc, expected)
+        n = int(mismatch.sum())
+        if n:
+            bad[arm] = accumulator_violation(acc, expected, mismatch, n)
+    return exact_accumulator_verdict(sorted(exposed), bad)
 
 
 # 5, 6 ----------------------------------------------------------------------------------------
@@ -112,6 +184,40 @@ def _normal_range_mask(reference_fp32: torch.Tensor) -> torch.Tensor:
     """Elements whose fp32 epilogue value is a finite normal number (or exactly zero)."""
     a = reference_fp32.abs()
     return torch.isfinite(reference_fp32) & ((a >= torch.finfo(torch.float32).tiny) | (a == 0))
+
+
+def pow2_identity_measure(differs: torch.Tensor, s_w: torch.Tensor, reference_fp32: torch.Tensor | None
+                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per unit of a batch: whether every weight scale is a power of two, how many outputs differ where the fp32
+    reference (`apply_epilogue` under a_then_w, no bias) is a finite normal number or zero, and how many elements
+    it excludes; and the mask of the judged differences (for the first one)."""
+    all_pow2 = is_pow2(s_w).reshape(s_w.shape[0], -1).all(1)
+    if reference_fp32 is None:
+        return {"all_pow2": all_pow2, "n_excluded": torch.zeros_like(all_pow2, dtype=torch.int64),
+                "n_differing": count(differs)}, differs
+    normal = _normal_range_mask(reference_fp32)
+    judged = differs & normal
+    return {"all_pow2": all_pow2, "n_excluded": count(~normal), "n_differing": count(judged)}, judged
+
+
+def pow2_identity_verdict(all_pow2: bool, int32_safe: bool, n: int, n_excluded: int, n_differing: int,
+                          first: Callable[[], list[int] | None], *, bias: bool = False,
+                          bias_modes: tuple[str | None, str | None] = (None, None)) -> Verdict:
+    if not all_pow2:
+        return inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
+    if not int32_safe:
+        return inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
+    if bias and (None in bias_modes or bias_modes[0] != bias_modes[1]):
+        why = ("an arm declares no epilogue model, so its bias handling is unknown" if None in bias_modes
+               else f"the arms declare different bias handling ({bias_modes[0]} vs {bias_modes[1]}): the identity "
+                    "covers scale orders only, so these tiles are judged by predicted-differences")
+        return inapplicable("pow2-identity", why, evidence={"reason": "bias-handling", "bias_modes": list(bias_modes)})
+    ev = {"n_elements": n, "n_excluded_subnormal_or_overflow": n_excluded, "n_differing": n_differing}
+    if n_differing:
+        ev["first"] = first()
+        return fired("pow2-identity", f"{ev['n_differing']} of {n} outputs differ under power-of-two "
+                      "scales: an epilogue difference that no scale order explains", evidence=ev)
+    return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
 
 
 def pow2_identity(comparison: OutputComparison, s_w: torch.Tensor, int32_safe: bool,
@@ -128,24 +234,11 @@ def pow2_identity(comparison: OutputComparison, s_w: torch.Tensor, int32_safe: b
     orders; a fused bias and a bias added after the cast round differently whatever the scales,
     and those differences are judged against the declared models (`predicted_differences`).
     """
-    if not bool(is_pow2(s_w).all()):
-        return inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
-    if not int32_safe:
-        return inapplicable("pow2-identity", "the int32 accumulator may wrap at this K (check 2)")
-    if bias and (None in bias_modes or bias_modes[0] != bias_modes[1]):
-        why = ("an arm declares no epilogue model, so its bias handling is unknown" if None in bias_modes
-               else f"the arms declare different bias handling ({bias_modes[0]} vs {bias_modes[1]}): the identity "
-                    "covers scale orders only, so these tiles are judged by predicted-differences")
-        return inapplicable("pow2-identity", why, evidence={"reason": "bias-handling", "bias_modes": list(bias_modes)})
-    n = comparison.n_elements
-    differs = comparison.differs if reference_fp32 is None else comparison.differs & _normal_range_mask(reference_fp32)
-    n_excluded = 0 if reference_fp32 is None else int((~_normal_range_mask(reference_fp32)).sum())
-    ev = {"n_elements": n, "n_excluded_subnormal_or_overflow": n_excluded, "n_differing": int(differs.sum())}
-    if bool(differs.any()):
-        ev["first"] = _first_mismatch(differs)
-        return fired("pow2-identity", f"{ev['n_differing']} of {n} outputs differ under power-of-two "
-                      "scales: an epilogue difference that no scale order explains", evidence=ev)
-    return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
+    measured, judged = pow2_identity_measure(_one(comparison.differs), _one(s_w), _one(reference_fp32))
+    (m,) = numbers(measured)
+    return pow2_identity_verdict(bool(m["all_pow2"]), int32_safe, comparison.n_elements, int(m["n_excluded"]),
+                                 int(m["n_differing"]), lambda: first_mismatch(judged[0]), bias=bias,
+                                 bias_modes=bias_modes)
 
 
 # Significand bits (with the implicit one) of the output dtypes: an element whose exact value lies
@@ -167,31 +260,86 @@ class NearZero:
     max_rel_diff_above_floor: float | None
 
 
-def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[float, torch.Tensor]:
-    """The floor (2^-p · the largest finite exact |value|) and the mask of elements below it; an exact
-    zero is near zero whatever the floor (its ulp and relative differences mean nothing)."""
+NO_NEAR_ZERO = NearZero(None, None, None, None, None)
+
+
+def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per unit of a batch of exact values `exact` [B, M, N]: the largest finite |value| ([B], 0 where there is
+    none), and the mask of the elements below the floor 2^-p · that value; an exact zero is near zero whatever
+    the floor (its ulp and relative differences mean nothing). The floor of a unit is `math.ldexp(top, -p)`,
+    equal to the product taken here (a power-of-two scaling of a normal fp64 value)."""
     mag = exact.abs()
-    finite_mag = mag[torch.isfinite(mag)]
-    top = float(finite_mag.max()) if finite_mag.numel() else 0.0
-    floor = math.ldexp(top, -SIGNIFICAND_BITS[out_dtype])
-    return floor, (mag < floor) | (mag == 0)
+    top = largest(torch.where(torch.isfinite(mag), mag, torch.zeros((), dtype=mag.dtype, device=mag.device)))
+    floor = top * 2.0 ** -SIGNIFICAND_BITS[out_dtype]
+    return top, (mag < floor.reshape(-1, *([1] * (mag.dim() - 1)))) | (mag == 0)
+
+
+def near_zero_measure(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
+                      exact: torch.Tensor, top: torch.Tensor, near: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per unit of a batch: the near-zero split's counts and the ulp / relative maxima above the floor
+    (`near_zero_mask` gave `top` and `near`); a relative maximum of -inf means no differing element above it."""
+    above = (ulp >= 0) & ~near
+    rel = (out_a.double() - out_b.double()).abs() / exact.abs()
+    rel = torch.where(above & differs, rel, torch.full((), -math.inf, dtype=rel.dtype, device=rel.device))
+    return {"top": top, "n_near_zero": count(near), "n_differing_near_zero": count(near & differs),
+            "max_ulp_above_floor": largest(ulp, above), "any_above": anywhere(above),
+            "max_rel_above_floor": rel.reshape(rel.shape[0], -1).amax(1)}
+
+
+def near_zero_result(m: dict[str, float], out_dtype: str) -> NearZero:
+    rel = m["max_rel_above_floor"]
+    return NearZero(math.ldexp(m["top"], -SIGNIFICAND_BITS[out_dtype]), int(m["n_near_zero"]),
+                    int(m["n_differing_near_zero"]), optional_int(m["max_ulp_above_floor"]),
+                    rel if rel != -math.inf else (0.0 if m["any_above"] else None))
 
 
 def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, comparison: OutputComparison, exact: torch.Tensor | None,
-              floor_and_mask: tuple[float, torch.Tensor] | None) -> NearZero:
-    """Split the arms' differences at the near-zero floor of the exact values `exact` (fp64 [M,N]);
-    `comparison` is the two outputs compared (`compare_outputs`), `floor_and_mask` is
-    `near_zero_mask(exact, out_dtype)` (None with no exact values)."""
-    if exact is None or floor_and_mask is None or exact.numel() == 0:
-        return NearZero(None, None, None, None, None)
-    floor, near = floor_and_mask
-    differs, d = comparison.differs, comparison.ulp
-    above = (d >= 0) & ~near
-    ulp = d[above]
-    rel = ((out_a.double() - out_b.double()).abs() / exact.abs())[above & differs]
-    return NearZero(floor, int(near.sum()), int((near & differs).sum()),
-                    int(ulp.max()) if ulp.numel() else None,
-                    float(rel.max()) if rel.numel() else (0.0 if bool(above.any()) else None))
+              out_dtype: str) -> tuple[NearZero, torch.Tensor | None]:
+    """Split one unit's differences at the near-zero floor of its exact values `exact` (fp64 [M,N]); `comparison`
+    is the two outputs compared (`compare_outputs`). Returns the split and the near-zero mask (None with no
+    exact values)."""
+    if exact is None or exact.numel() == 0:
+        return NO_NEAR_ZERO, None
+    top, near = near_zero_mask(exact.unsqueeze(0), out_dtype)
+    (m,) = numbers(near_zero_measure(*map(_one, (out_a, out_b, comparison.differs, comparison.ulp, exact)), top, near))
+    return near_zero_result(m, out_dtype), near[0]
+
+
+def real_scale_tolerance_measure(ulp: torch.Tensor, differs: torch.Tensor, threshold: int,
+                                 near: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per unit of a batch: the largest finite ulp distance held to the threshold (off the near-zero elements when
+    `near` is given), how many exceed it, the non-finite mismatches, whether any pair is finite, and the near-zero
+    count and maximum."""
+    finite = ulp >= 0
+    judged = finite if near is None else finite & ~near
+    measured = {"max_ulp": largest(ulp, judged), "n_over_threshold": count(judged & (ulp > threshold)),
+                "n_nonfinite_mismatch": count(~finite & differs), "any_finite": anywhere(finite)}
+    if near is not None:
+        measured.update(n_near_zero=count(near), max_ulp_near_zero=largest(ulp, finite & near))
+    return measured
+
+
+def real_scale_tolerance_verdict(m: dict[str, float] | None, threshold: int = DEFAULT_ULP_THRESHOLD) -> Verdict:
+    """Check 6 from a unit's `real_scale_tolerance_measure` numbers; None outside the real-scale regime."""
+    if m is None:
+        return inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
+    max_ulp = optional_int(m["max_ulp"])
+    ev = {"max_ulp": max_ulp, "n_over_threshold": int(m["n_over_threshold"]),
+          "n_nonfinite_mismatch": int(m["n_nonfinite_mismatch"])}
+    near = "n_near_zero" in m
+    if near:
+        ev.update(n_near_zero=int(m["n_near_zero"]), max_ulp_near_zero=optional_int(m["max_ulp_near_zero"]))
+    if not m["any_finite"] and not ev["n_nonfinite_mismatch"]:
+        return inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
+                             evidence=ev)
+    if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
+        return fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
+                      f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
+    if max_ulp is None:  # finite pairs, every one of them near zero
+        return passed("real-scale-tolerance", "every finite output is near zero (reported apart)", threshold=threshold,
+                      evidence=ev)
+    return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}"
+                  + (" above the near-zero floor" if near else ""), threshold=threshold, evidence=ev)
 
 
 def real_scale_tolerance(comparison: OutputComparison, real_regime: bool,
@@ -204,28 +352,9 @@ def real_scale_tolerance(comparison: OutputComparison, real_regime: bool,
     the kernels (the epilogue-model check still holds every one of them to the declared bits).
     """
     if not real_regime:
-        return inapplicable("real-scale-tolerance", "applies to the real-scale regime", threshold=threshold)
-    d = comparison.ulp
-    finite = d >= 0
-    judged = finite if near is None else finite & ~near
-    nonfinite_mismatch = ~finite & comparison.differs
-    max_ulp = int(d[judged].max()) if bool(judged.any()) else None
-    ev = {"max_ulp": max_ulp, "n_over_threshold": int((judged & (d > threshold)).sum()),
-          "n_nonfinite_mismatch": int(nonfinite_mismatch.sum())}
-    if near is not None:
-        near_d = d[finite & near]
-        ev.update(n_near_zero=int(near.sum()), max_ulp_near_zero=int(near_d.max()) if near_d.numel() else None)
-    if not bool(finite.any()) and not bool(nonfinite_mismatch.any()):
-        return inapplicable("real-scale-tolerance", "no finite output pair to measure", threshold=threshold,
-                             evidence=ev)
-    if ev["n_over_threshold"] or ev["n_nonfinite_mismatch"]:
-        return fired("real-scale-tolerance", f"max ulp distance {max_ulp} > {threshold} or non-finite outputs "
-                      f"differ ({ev['n_nonfinite_mismatch']})", threshold=threshold, evidence=ev)
-    if max_ulp is None:  # finite pairs, every one of them near zero
-        return passed("real-scale-tolerance", "every finite output is near zero (reported apart)", threshold=threshold,
-                      evidence=ev)
-    return passed("real-scale-tolerance", f"max ulp distance {max_ulp} ≤ {threshold}"
-                  + (" above the near-zero floor" if near is not None else ""), threshold=threshold, evidence=ev)
+        return real_scale_tolerance_verdict(None, threshold)
+    (m,) = numbers(real_scale_tolerance_measure(_one(comparison.ulp), _one(comparison.differs), threshold, _one(near)))
+    return real_scale_tolerance_verdict(m, threshold)
 
 
 # 7 -------------------------------------------------------------------------------------------
@@ -246,31 +375,28 @@ def token_level_risk(flip_rate: float | None = None, bound: float | None = None,
 
 
 # extended ------------------------------------------------------------------------------------
-def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor | None]],
-                   names: dict[str, str] | None = None) -> Verdict:
-    """Fires when an arm's output differs in any bit from the output of its declared epilogue model.
+def epilogue_model_measure(out: torch.Tensor, expected: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per unit of a batch: how many outputs differ from the declared model's and the largest ulp distance (-1:
+    none finite); and the mask of the differing elements."""
+    comparison = compare_outputs(out, expected)
+    return {"n_differing": count(comparison.differs), "max_ulp": largest(comparison.ulp)}, comparison.differs
 
-    `arms` maps an arm label to (declared model name, actual output, model output); an arm without
-    a model output (e.g. an fp8 arm that exposes no accumulator) is not judged, and if no arm can
-    be judged the check is inapplicable. An arm that declares *no* model makes the check
-    inapplicable even when the other arm is judged and holds: the claim "each arm equals its
-    declared model" would be false of it, and the strongest check would be silently bypassed
-    (`alibi identify` finds which model it follows). A judged arm that deviates still fires.
-    names: each arm's kernel name, for the message.
-    """
+
+def epilogue_model_verdict(arms: dict[str, tuple[str | None, dict[str, float] | None, Callable[[], list[int] | None]]],
+                           names: dict[str, str] | None = None) -> Verdict:
+    """The epilogue-model check from each arm's (declared model name, `epilogue_model_measure` numbers or None
+    when it cannot be judged, first differing element)."""
     judged, bad, unjudged, undeclared = {}, {}, [], []
-    for arm, (model, out, expected) in arms.items():
+    for arm, (model, m, first) in arms.items():
         if model is None:
             undeclared.append(arm)
-        if model is None or expected is None:
+        if model is None or m is None:
             unjudged.append(arm)
             continue
-        comparison = compare_outputs(out, expected)
-        differs, d = comparison.differs, comparison.ulp
         judged[arm] = model
-        if bool(differs.any()):
-            bad[arm] = {"model": model, "n_differing": int(differs.sum()), "first": _first_mismatch(differs),
-                        "max_ulp": int(d.max()) if d.numel() else None}
+        if m["n_differing"]:
+            bad[arm] = {"model": model, "n_differing": int(m["n_differing"]), "first": first(),
+                        "max_ulp": int(m["max_ulp"])}
     ev = {"models": judged, "not_judged": unjudged, **({"violations": bad} if bad else {})}
     if undeclared and not bad:
         return inapplicable("epilogue-model", undeclared_model_reason(undeclared, names),
@@ -285,12 +411,61 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
     return passed("epilogue-model", "each judged arm equals its declared epilogue model bit for bit", evidence=ev)
 
 
+def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor | None]],
+                   names: dict[str, str] | None = None) -> Verdict:
+    """Fires when an arm's output differs in any bit from the output of its declared epilogue model.
+
+    `arms` maps an arm label to (declared model name, actual output, model output); an arm without
+    a model output (e.g. an fp8 arm that exposes no accumulator) is not judged, and if no arm can
+    be judged the check is inapplicable. An arm that declares *no* model makes the check
+    inapplicable even when the other arm is judged and holds: the claim "each arm equals its
+    declared model" would be false of it, and the strongest check would be silently bypassed
+    (`alibi identify` finds which model it follows). A judged arm that deviates still fires.
+    names: each arm's kernel name, for the message.
+    """
+    measured = {}
+    for arm, (model, out, expected) in arms.items():
+        if model is None or expected is None:
+            measured[arm] = (model, None, lambda: None)
+            continue
+        m, differs = epilogue_model_measure(_one(out), _one(expected))
+        measured[arm] = (model, numbers(m)[0], lambda differs=differs: first_mismatch(differs[0]))
+    return epilogue_model_verdict(measured, names)
+
+
 def undeclared_model_reason(arms: list[str], names: dict[str, str] | None = None) -> str:
     """Why a check that needs every arm's declared epilogue model decided nothing: which arms declare none
     (`names`: each arm's kernel name, to name it too)."""
     which = " and ".join(f"arm {a}" + (f" (`{names[a]}`)" if names and a in names else "") for a in arms)
     return (f"{which} declare{'s' if len(arms) == 1 else ''} no epilogue model: run `alibi identify` to find "
             "which model to declare")
+
+
+def predicted_differences_measure(observed: torch.Tensor, predicted: torch.Tensor
+                                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per unit of a batch: predicted, observed, unpredicted and missing differences; and the mask of the last two."""
+    unpredicted, missing = observed & ~predicted, predicted & ~observed
+    return {"n_predicted": count(predicted), "n_observed": count(observed), "n_unpredicted": count(unpredicted),
+            "n_predicted_not_observed": count(missing)}, unpredicted | missing
+
+
+def predicted_differences_verdict(m: dict[str, float] | None, first: Callable[[], list[int] | None],
+                                  why_not: str = "", cause: str | None = None) -> Verdict:
+    """The predicted-differences check from a unit's `predicted_differences_measure` numbers (None: no prediction,
+    `why_not` says why)."""
+    if m is None:
+        return inapplicable("predicted-differences", why_not)
+    ev = {"n_predicted": int(m["n_predicted"]), "n_observed": int(m["n_observed"]),
+          "n_unpredicted": int(m["n_unpredicted"]), "n_predicted_not_observed": int(m["n_predicted_not_observed"]),
+          "cause": cause}
+    if ev["n_unpredicted"] or ev["n_predicted_not_observed"]:
+        ev["first"] = first()
+        return fired("predicted-differences", f"{ev['n_unpredicted']} differing elements the declared models do not "
+                     f"predict, {ev['n_predicted_not_observed']} predicted differences absent", evidence=ev)
+    if not ev["n_predicted"]:
+        return passed("predicted-differences", "the declared models agree here, and so do the arms", evidence=ev)
+    return passed("predicted-differences", f"the arms differ exactly where their declared models do "
+                  f"({ev['n_predicted']} elements; cause: {cause})", evidence=ev)
 
 
 def predicted_differences(observed: torch.Tensor, predicted: torch.Tensor | None, why_not: str = "",
@@ -303,19 +478,23 @@ def predicted_differences(observed: torch.Tensor, predicted: torch.Tensor | None
     a predicted difference that did not happen.
     """
     if predicted is None:
-        return inapplicable("predicted-differences", why_not)
-    unpredicted = observed & ~predicted
-    missing = predicted & ~observed
-    ev = {"n_predicted": int(predicted.sum()), "n_observed": int(observed.sum()),
-          "n_unpredicted": int(unpredicted.sum()), "n_predicted_not_observed": int(missing.sum()), "cause": cause}
-    if ev["n_unpredicted"] or ev["n_predicted_not_observed"]:
-        ev["first"] = _first_mismatch(unpredicted | missing)
-        return fired("predicted-differences", f"{ev['n_unpredicted']} differing elements the declared models do not "
-                     f"predict, {ev['n_predicted_not_observed']} predicted differences absent", evidence=ev)
-    if not ev["n_predicted"]:
-        return passed("predicted-differences", "the declared models agree here, and so do the arms", evidence=ev)
-    return passed("predicted-differences", f"the arms differ exactly where their declared models do "
-                  f"({ev['n_predicted']} elements; cause: {cause})", evidence=ev)
+        return predicted_differences_verdict(None, lambda: None, why_not)
+    m, wrong = predicted_differences_measure(_one(observed), _one(predicted))
+    return predicted_differences_verdict(numbers(m)[0], lambda: first_mismatch(wrong[0]), why_not, cause)
+
+
+def m_invariance_verdict(sizes: list[int], bad: dict[str, list[dict[str, Any]]]) -> Verdict:
+    """M-invariance from the sub-batch sizes run and, per arm, the sub-batches whose rows differed."""
+    ev = {"sub_batch_sizes": sizes, **({"violations": bad} if bad else {})}
+    if bad:
+        return fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
+                      evidence=ev)
+    return passed("m-invariance", f"rows identical at M = {', '.join(map(str, sizes))} and in the full tile",
+                   evidence=ev)
+
+
+def sub_batch_violation(rows: list[int], n_differing: int) -> dict[str, Any]:
+    return {"M": len(rows), "rows": [rows[0], rows[-1]], "n_differing": n_differing}
 
 
 def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
@@ -327,17 +506,18 @@ def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[li
     sizes = sorted({len(rows) for runs in subsets.values() for rows, _ in runs})
     for arm, runs in subsets.items():
         for rows, out in runs:
-            ref = full[arm][rows]
-            differs = ~bitwise_equal_mask(out, ref)
-            if bool(differs.any()):
-                bad.setdefault(arm, []).append({"M": len(rows), "rows": [rows[0], rows[-1]],
-                                                "n_differing": int(differs.sum())})
-    ev = {"sub_batch_sizes": sizes, **({"violations": bad} if bad else {})}
+            n = int((~bitwise_equal_mask(out, full[arm][rows])).sum())
+            if n:
+                bad.setdefault(arm, []).append(sub_batch_violation(rows, n))
+    return m_invariance_verdict(sizes, bad)
+
+
+def run_to_run_verdict(arms: list[str], bad: dict[str, int]) -> Verdict:
+    """Run-to-run from the arms run twice and, per arm, how many elements differed (only the nonzero ones)."""
     if bad:
-        return fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
-                      evidence=ev)
-    return passed("m-invariance", f"rows identical at M = {', '.join(map(str, sizes))} and in the full tile",
-                   evidence=ev)
+        return fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
+                      evidence={"n_differing": bad})
+    return passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(arms)})
 
 
 def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> Verdict:
@@ -345,8 +525,4 @@ def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) 
     if not first:
         return inapplicable("run-to-run", "no repeated runs")
     bad = {arm: int((~bitwise_equal_mask(first[arm], second[arm])).sum()) for arm in first}
-    bad = {arm: n for arm, n in bad.items() if n}
-    if bad:
-        return fired("run-to-run", "nondeterministic: " + ", ".join(f"arm {a}: {n} elements" for a, n in bad.items()),
-                      evidence={"n_differing": bad})
-    return passed("run-to-run", "each arm reproduced its own bits", evidence={"arms": sorted(first)})
+    return run_to_run_verdict(list(first), {arm: n for arm, n in bad.items() if n})

@@ -74,24 +74,32 @@ def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: Out
 
     Bitwise, as every check: `+0` and `-0` differ, NaN payloads are compared.
     """
-    from alibi.exact.numerics import bits  # torch: only when computing
-
     if out_a.dim() != 2:
         raise ValueError(f"differing_elements: expected [M, N] outputs, got {list(out_a.shape)}")
-    count = comparison.n_differing
-    positions = comparison.differs.nonzero()[:cap]  # row-major: nonzero() lists indices in C order
-    rows, cols = positions[:, 0], positions[:, 1]
-    a, b = out_a[rows, cols], out_b[rows, cols]
+    return first_differences(out_a.unsqueeze(0), out_b.unsqueeze(0), comparison.differs.unsqueeze(0),
+                             comparison.ulp.unsqueeze(0), [comparison.n_differing], cap)[0]
+
+
+def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
+                      counts: list[int], cap: int = DIFFERENCE_CAP) -> list[Differences]:
+    """`differing_elements` of a batch of units at once: outputs, difference masks and ulp distances [B, M, N], and
+    each unit's number of differing elements (`counts`); the first `cap` of each unit in row-major order."""
+    from alibi.exact.numerics import bits  # torch: only when computing
+
+    B, N = differs.shape[0], differs.shape[-1]
+    flat = differs.reshape(B, -1)
+    listed = (flat & (flat.cumsum(1) <= cap)).nonzero()  # (unit, position) pairs, unit by unit, row-major
+    units, positions = listed[:, 0], listed[:, 1]
+    a, b = out_a.reshape(B, -1)[units, positions], out_b.reshape(B, -1)[units, positions]
     width = 2 * out_a.element_size()  # hex digits of one element
     mask = (1 << (8 * out_a.element_size())) - 1
-    a_bits, b_bits = bits(a).tolist(), bits(b).tolist()
-    ulps = comparison.ulp[rows, cols].tolist()
-    elements = tuple(
-        ElementDifference(int(r), int(c), f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
-                          _number(float(va)), _number(float(vb)), None if u < 0 else int(u))
-        for r, c, ab, bb, va, vb, u in zip(rows.tolist(), cols.tolist(), a_bits, b_bits,
-                                           a.double().tolist(), b.double().tolist(), ulps, strict=True))
-    return Differences(count, cap, elements)
+    elements: list[list[ElementDifference]] = [[] for _ in range(B)]
+    for u, pos, ab, bb, va, vb, d in zip(units.tolist(), positions.tolist(), bits(a).tolist(), bits(b).tolist(),
+                                         a.double().tolist(), b.double().tolist(),
+                                         ulp.reshape(B, -1)[units, positions].tolist(), strict=True):
+        elements[u].append(ElementDifference(pos // N, pos % N, f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
+                                             _number(float(va)), _number(float(vb)), None if d < 0 else int(d)))
+    return [Differences(n, cap, tuple(e)) for n, e in zip(counts, elements, strict=True)]
 
 
-__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differing_elements"]
+__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differing_elements", "first_differences"]

@@ -4,7 +4,7 @@ For int8 tiles whose accumulator cannot wrap, a kernel held to its declared mode
 `alibi identify`, or its own tests) computes exactly `apply_epilogue(model, exact accumulator, ...)`.
 Two such kernels therefore differ on a tile exactly where their two models do, and nowhere else:
 this module computes that set per tile and scale regime, and names what in the models causes it
-(`alibi.conform.pipeline.difference_cause`). Zero predicted differences on every tile is a certificate that
+(`alibi.conform.judge.difference_cause`). Zero predicted differences on every tile is a certificate that
 the pair is bitwise interchangeable there — conditional on each kernel equalling its declared model,
 which is what the epilogue-model check of `alibi conform` establishes.
 """
@@ -84,8 +84,9 @@ def declared_model(name: str):
 def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPrediction:
     """Predict, per tile and regime, where the declared models of `a` and `b` differ (no kernel runs)."""
     # deferred: keeps torch out of start-up
-    from alibi.conform.pipeline import apply_regime, check_device, difference_cause, prepare, validate_regimes
-    from alibi.exact.emulator import apply_epilogue
+    from alibi.conform.judge import difference_cause
+    from alibi.conform.pipeline import apply_regime, check_device, prepare, validate_regimes
+    from alibi.exact.emulator import apply_epilogue, predict_tile
     from alibi.exact.numerics import bitwise_equal_mask
 
     ma, mb = declared_model(a), declared_model(b)
@@ -96,9 +97,10 @@ def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPredic
             raise InputError(f"tile {tile.name!r} is {tile.fmt}: the declared models predict exact differences "
                              "for int8 tiles only (fp8 accumulation order is implementation-defined)")
         prepared = prepare(tile, check_device())
+        int32_safe = predict_tile(prepared.tile, prepared.acc).int32_safe
         for regime in regimes:
             t = apply_regime(prepared.tile, regime)
-            if not prepared.pred.int32_safe:
+            if not int32_safe:
                 units.append(PredictedUnit(t.name, regime, t.M * t.N, None, None, True))
                 continue
             out_a = apply_epilogue(ma, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)

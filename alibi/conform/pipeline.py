@@ -21,37 +21,34 @@ fixes it for reproducible builds).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from alibi.conform import checks
-from alibi.conform.differences import differing_elements
+from alibi.conform.judge import PreparedTile, UnitRun, judge
 from alibi.conform.results import (
     Equivalence,
     KernelRecord,
     Regime,
     Report,
     ReportVerdict,
-    Safety,
     UnitResult,
 )
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
-from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, exact_accumulator, predict_tile
-from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal, pow2_round
+from alibi.exact.emulator import exact_accumulator
+from alibi.exact.numerics import dtype_name, pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
-from alibi.io import atomic
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
 from alibi.kernels.base import Kernel, operands, private_copy
@@ -174,17 +171,6 @@ def check_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-@dataclass
-class PreparedTile:
-    """A tile on the check device with what both regimes share: the exact accumulator and prediction
-    (int8), and each arm's exposed accumulator once a check has asked for it."""
-
-    tile: Tile
-    acc: torch.Tensor | None
-    pred: Prediction | None
-    exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
-
-
 class StageTimer:
     """Wall seconds per pipeline stage (kernels, reference, checks, io), for `alibi bench conform`.
 
@@ -217,50 +203,10 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -
     with stage("io"):
         t = private_copy(tile, device)
     with stage("reference"):
-        if t.fmt != "int8":
-            return PreparedTile(t, None, None)
-        acc = exact_accumulator(t.a_q, t.w_q)
-        return PreparedTile(t, acc, predict_tile(t, acc))
+        return PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None)
 
 
-# --- one unit -------------------------------------------------------------------------------------
-
-def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
-                     acc: torch.Tensor, tile: Tile) -> str | None:
-    """What in the two declared models makes their outputs `out_a`, `out_b` differ on this tile: `scale order`,
-    `intermediate rounding`, `bias mode`, `statistics` (a statistics-based dequantization), or several (joined by
-    "and"), None where the models agree everywhere.
-
-    The models are walked from a to b one attribute at a time (statistics, order, the rounding between the scales,
-    the bias mode; the rounding before the order when b's order is product_first, which has none), each step named
-    only where it changes bits on this tile (the bias mode only when the tile has a bias)."""
-    steps = [("statistics", "statistics"), ("scale order", "order"), ("intermediate rounding", "round_between"),
-             ("bias mode", "bias")]
-    if b.order == "product_first":
-        steps[1], steps[2] = steps[2], steps[1]
-    parts, current, out_current = [], a, out_a
-    for label, attr in steps:
-        if getattr(current, attr) == getattr(b, attr) or (attr == "bias" and tile.bias is None):
-            continue
-        nxt = replace(current, **{attr: getattr(b, attr)})
-        out_next = out_b if nxt == b else apply_epilogue(nxt, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
-        if not bool(bitwise_equal_mask(out_current, out_next).all()):
-            parts.append(label)
-        current, out_current = nxt, out_next
-    return " and ".join(parts) or None
-
-
-def _statistics(*models: EpilogueModel | None) -> bool:
-    return any(m is not None and m.statistics is not None for m in models)
-
-
-def bias_handling(model: EpilogueModel | None) -> str | None:
-    """How a model's bias meets the product, for the pow2 identity: its bias mode, plus the rounding to the output
-    dtype between the scales when it has one (a bias then meets an already rounded product, whatever the scales)."""
-    if model is None:
-        return None
-    return model.bias + ("+round_between" if model.round_between else "")
-
+# --- units ----------------------------------------------------------------------------------------
 
 def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
     if out.shape != (t.M, t.N) or out.dtype != t.out_dtype:
@@ -269,17 +215,13 @@ def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
     return out.to(t.a_q.device)
 
 
-def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
-                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
-                  timer: StageTimer | None = None) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
-    """Run both arms on one prepared tile under one regime and apply every check.
-
-    Returns the unit's result and the evidence of each arm's launch that produced its output.
-    """
+def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True,
+             timer: StageTimer | None = None) -> UnitRun:
+    """Both arms on one prepared tile under one regime, each on a private copy of the operands; in the real regime
+    (with invariance) also on the row subsets and a second time. Nothing is judged here (`alibi.conform.judge`)."""
     stage = timer.stage if timer else _untimed
     kernel_a, kernel_b = pair.a, pair.b
     t = apply_regime(prepared.tile, regime)
-    acc, pred, int8 = prepared.acc, prepared.pred, t.fmt == "int8"
     dev = t.a_q.device
     with stage("io"):
         ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
@@ -293,100 +235,80 @@ def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
             if want[arm]:
                 prepared.exposed[arm] = None if run.acc is None else run.acc.to(dev)
         out_a, out_b = _arm_output(kernel_a, run_a.out, t), _arm_output(kernel_b, run_b.out, t)
-    ma, mb = kernel_a.epilogue, kernel_b.epilogue
-    with stage("reference"):
-        # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator
-        # itself rounds in an implementation-defined order, so an arm can only be held to its declared
-        # epilogue applied to its *own* exposed fp32 accumulator (unjudged when it exposes none).
-        def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
-            base = acc if int8 else prepared.exposed[arm]
-            if model is None or base is None:
-                return None
-            return apply_epilogue(model, base, t.s_a, t.s_w, t.bias, t.out_dtype)
-        expect_a = model_out(ma, "a")
-        expect_b = expect_a if (int8 and ma is not None and ma == mb) else model_out(mb, "b")
-        pow2_scales = int8 and bool(is_pow2(t.s_w).all())
-        reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), acc, t.s_a, t.s_w, None, torch.float32)
-                          if pow2_scales else None)
-        exact = None
-        if int8 and regime == "real":
-            exact = acc.to(torch.float64) * t.s_a.to(torch.float64).reshape(-1, 1) \
-                * t.s_w.to(torch.float64).reshape(1, -1)
-            if t.bias is not None:
-                exact = exact + t.bias.to(torch.float64).reshape(1, -1)
-    with stage("checks"):
-        # The one comparison of the two outputs: every check, the difference list and the summary read it.
-        comparison = compare_outputs(out_a, out_b)
-        differs = comparison.differs
-        names = {"a": kernel_a.name, "b": kernel_b.name}
-        if not int8:
-            predicted, why_not, cause = None, f"{t.fmt} accumulation order is implementation-defined: the declared " \
-                "models predict no exact set of differences", None
-        elif ma is None or mb is None:
-            predicted, why_not, cause = None, checks.undeclared_model_reason(
-                [arm for arm, m in (("a", ma), ("b", mb)) if m is None], names), None
-        else:
-            predicted, why_not = ~bitwise_equal_mask(expect_a, expect_b), ""
-            cause = difference_cause(ma, mb, expect_a, expect_b, acc, t) if bool(predicted.any()) else None
-        floor_and_mask = None if exact is None else checks.near_zero_mask(exact, dtype_name(t.out_dtype))
-        near = checks.near_zero(out_a, out_b, comparison, exact, floor_and_mask)
-        verdicts = [
-            checks.shared_operands(operands(ta), operands(tb)),
-            checks.int32_no_overflow(pred, t.K),
-            checks.lossless_fp32_entry(pred),
-            checks.exact_accumulator(acc, prepared.exposed.get("a"), prepared.exposed.get("b")),
-            checks.pow2_identity(comparison, t.s_w, pred.int32_safe, reference_fp32, bias=t.bias is not None,
-                                 bias_modes=(bias_handling(ma), bias_handling(mb)))
-            if int8 and not _statistics(ma, mb) else
-            checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order")
-            if not int8 else
-            checks.inapplicable("pow2-identity", "an arm dequantizes with absmax statistics 127·s and a constant, "
-                                "which power-of-two scales do not make commute: judged by predicted-differences",
-                                evidence={"reason": "statistics"}),
-            checks.real_scale_tolerance(comparison, regime == "real", ulp_threshold,
-                                        near=None if floor_and_mask is None else floor_and_mask[1]),
-            checks.token_level_risk(),
-            checks.epilogue_model({"a": (ma.name if ma else None, out_a, expect_a),
-                                   "b": (mb.name if mb else None, out_b, expect_b)}, names),
-            checks.predicted_differences(differs, predicted, why_not, cause),
-        ]
+    subsets = again = None
     if regime == "real" and invariance:
         with stage("kernels"):
-            subsets = {arm: [(rows, k.run(t.rows(torch.tensor(rows, device=dev)), on_device=True,
-                                          evidence=False).out.to(dev)) for rows in sub_batches(t.M)]
-                       for arm, k in (("a", kernel_a), ("b", kernel_b))}
+            subsets = {arm: [(rows, k.run(sub_tile(t, rows), on_device=True, evidence=False).out.to(dev))
+                             for rows in sub_batches(t.M)] for arm, k in (("a", kernel_a), ("b", kernel_b))}
             again = {arm: k.run(private_copy(t, k.torch_device()), on_device=True, evidence=False).out.to(dev)
                      for arm, k in (("a", kernel_a), ("b", kernel_b))}
-        with stage("checks"):
-            verdicts.append(checks.m_invariance({"a": out_a, "b": out_b}, subsets))
-            verdicts.append(checks.run_to_run({"a": out_a, "b": out_b}, again))
-    else:
-        why = "checked in the real-scale regime" if invariance else "disabled (--no-invariance)"
-        verdicts.append(checks.inapplicable("m-invariance", why))
-        verdicts.append(checks.inapplicable("run-to-run", why))
-    with stage("checks"):
-        n_differing = comparison.n_differing
-        explained = None if predicted is None else bool(torch.equal(differs, predicted))
-        unit = UnitResult(
-            tile=t.name, regime=regime, fmt=t.fmt, M=t.M, K=t.K, N=t.N, out_dtype=dtype_name(t.out_dtype),
-            bias=t.bias is not None, n_elements=out_a.numel(), n_differing=n_differing,
-            max_ulp=comparison.max_ulp, bitwise_equal=n_differing == 0,
-            differences=differing_elements(out_a, out_b, comparison),
-            max_abs_acc=pred.max_abs_acc if pred else None,
-            headroom_bits=_finite_or_none(pred.headroom_bits) if pred else None,
-            prediction=Safety(pred.prediction) if pred else None,
-            n_predicted=None if predicted is None else int(predicted.sum()), explained=explained,
-            cause=cause if explained else None,
-            near_zero_floor=near.floor, n_near_zero=near.n_near_zero, n_differing_near_zero=near.n_differing_near_zero,
-            max_ulp_above_floor=near.max_ulp_above_floor, max_rel_diff_above_floor=near.max_rel_diff_above_floor,
-            pow2_scales_changed=int((prepared.tile.s_w != t.s_w).sum()) if regime == "pow2" else 0,
-            subnormal_scales=int(is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()),
-            verdicts=tuple(verdicts))
-    return unit, {"a": run_a.evidence, "b": run_b.evidence}
+    return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
+                   {"a": run_a.evidence, "b": run_b.evidence})
 
 
-def _finite_or_none(x: float) -> float | None:
-    return None if x == float("inf") else x
+def sub_tile(t: Tile, rows: list[int]) -> Tile:
+    """The rows `rows` (consecutive, as `sub_batches` gives them) of `t` as a tile of their own, its activations
+    and their scales copied."""
+    sub = t.rows(slice(rows[0], rows[-1] + 1))
+    return sub.replace(a_q=sub.a_q.clone(), s_a=sub.s_a.clone())
+
+
+def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
+                   ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                   timer: StageTimer | None = None) -> list[tuple[UnitResult, dict[str, dict[str, Any]]]]:
+    """Run both arms on every (prepared tile, regime) of `work`, then apply every check to all of them at once
+    (`alibi.conform.judge`). Returns, per unit, its result and the evidence of each arm's launch that produced
+    its output."""
+    runs = [run_unit(pair, prepared, regime, invariance=invariance, timer=timer) for prepared, regime in work]
+    units = judge(pair, runs, timer.stage if timer else _untimed, ulp_threshold=ulp_threshold, invariance=invariance)
+    return [(unit, run.evidence) for unit, run in zip(units, runs, strict=True)]
+
+
+def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
+                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                  timer: StageTimer | None = None) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
+    """`evaluate_units` of one unit."""
+    return evaluate_units(pair, [(prepared, regime)], ulp_threshold=ulp_threshold, invariance=invariance,
+                          timer=timer)[0]
+
+
+# Output elements (M·N summed over units) judged at once: bounds the memory of one batch (about 60 bytes per
+# element at the peak, so ≈ 2 GB) while keeping a capture's tiles of one shape in a few batches.
+BATCH_ELEMENTS = 2**25
+
+
+def batches(tiles: list[tuple[int, Tile, list[str]]]) -> list[list[tuple[int, Tile, list[str]]]]:
+    """(tile index, tile, regimes still to compute) grouped into batches of tiles of one shape, format, output
+    dtype, bias presence and scale layout, at most `BATCH_ELEMENTS` output elements each (a bigger tile alone), in
+    the order of each batch's first tile; a tile's regimes stay in one batch (they share its exact accumulator
+    and its exposed accumulators)."""
+    order: list[list[tuple[int, Tile, list[str]]]] = []
+    current: dict[tuple, list[tuple[int, Tile, list[str]]]] = {}
+    sizes: dict[tuple, int] = {}
+    for item in tiles:
+        _, t, regimes = item
+        key = (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape))
+        size = t.M * t.N * len(regimes)
+        if key not in current or sizes[key] + size > BATCH_ELEMENTS:
+            current[key], sizes[key] = [], 0
+            order.append(current[key])
+        current[key].append(item)
+        sizes[key] += size
+    return order
+
+
+def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], device: torch.device, *,
+                     ulp_threshold: int, invariance: bool, timer: StageTimer | None = None
+                     ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
+    """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
+    regime, result, evidence) as each batch is judged."""
+    for batch in batches(tiles):
+        prepared = {i: prepare(tile, device, timer) for i, tile, _ in batch}
+        work = [(i, prepared[i], regime) for i, _, regimes in batch for regime in regimes]
+        done = evaluate_units(pair, [(prepared, regime) for _, prepared, regime in work], ulp_threshold=ulp_threshold,
+                              invariance=invariance, timer=timer)
+        for (i, _, regime), (unit, evidence) in zip(work, done, strict=True):
+            yield i, regime, unit, evidence
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -546,36 +468,43 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     plan = [(i, unit_id(i, t.name, r), t, r) for i, t in enumerate(source.tiles) for r in regimes]
     recorded = store.recorded() if store is not None else {}
     digests: dict[int, str] = {}
-    units: list[UnitResult] = []
-    evidence: dict[str, dict[str, Any]] = {"a": pair.a.evidence(), "b": pair.b.evidence()}
-    prepared: PreparedTile | None = None
-    from_disk = 0
-    for n, (i, uid, tile, regime) in enumerate(plan, start=1):
-        if store is not None and i not in digests:
-            digests[i] = tile_sha256(tile)
-        stored = store is not None and store.has(uid)
-        if stored:
-            unit, evidence = store.read(uid, tile, regime, digests[i], recorded)
-            from_disk += 1
-            note = "done earlier"
-        if not stored or verify_units:
-            if prepared is None or prepared.tile.name != tile.name:
-                prepared = prepare(tile, device, timer)
-            fresh, fresh_evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold,
-                                                  invariance=invariance, timer=timer)
-            if stored:
-                if store.unit_document(fresh, fresh_evidence, digests[i]) != store.path(uid).read_text("utf-8"):
-                    raise InputError(f"{one_line(str(store.path(uid)))}: --verify-units: the stored unit differs from "
-                                     "its recomputation here; delete it and resume (it is computed again)")
-                note = "done earlier, recomputed: identical"
-            else:
-                unit, evidence = fresh, fresh_evidence
-                if store is not None:
-                    store.write(uid, unit, evidence, digests[i])
-                note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
-        units.append(unit)
+    if store is not None:
+        digests = {i: tile_sha256(t) for i, t in enumerate(source.tiles)}
+    # Units kept earlier are read (and checked) first; the rest are computed batch by batch (`evaluate_batches`).
+    results: dict[str, tuple[UnitResult, dict[str, dict[str, Any]]]] = {}
+    stored = {uid for _, uid, _, _ in plan if store is not None and store.has(uid)}
+    for i, uid, tile, regime in plan:
+        if uid in stored:
+            results[uid] = store.read(uid, tile, regime, digests[i], recorded)
+    todo: dict[int, list[str]] = {}
+    for i, uid, _, regime in plan:
+        if uid not in stored or verify_units:
+            todo.setdefault(i, []).append(regime)
+    done = 0
+    for i, uid, tile, regime in plan:  # progress in plan order for what is already there
+        if uid in stored and not verify_units:
+            done += 1
+            if progress:
+                progress(done, len(plan), f"{tile.name} [{regime}] done earlier")
+    for i, regime, unit, evidence in evaluate_batches(pair, [(i, source.tiles[i], r) for i, r in todo.items()], device,
+                                                      ulp_threshold=ulp_threshold, invariance=invariance, timer=timer):
+        uid = unit_id(i, source.tiles[i].name, regime)
+        if uid in stored:
+            if store.unit_document(unit, evidence, digests[i]) != store.path(uid).read_text("utf-8"):
+                raise InputError(f"{one_line(str(store.path(uid)))}: --verify-units: the stored unit differs from "
+                                 "its recomputation here; delete it and resume (it is computed again)")
+            note = "done earlier, recomputed: identical"
+        else:
+            results[uid] = (unit, evidence)
+            if store is not None:
+                store.write(uid, unit, evidence, digests[i])
+            note = f"{unit.n_differing} differing, max ulp {unit.max_ulp}"
+        done += 1
         if progress:
-            progress(n, len(plan), f"{tile.name} [{regime}] {note}")
+            progress(done, len(plan), f"{source.tiles[i].name} [{regime}] {note}")
+    units = [results[uid][0] for _, uid, _, _ in plan]
+    evidence = results[plan[-1][1]][1]
+    from_disk = len(stored)
     record = source.record
     earlier = from_disk - computed_elsewhere
     if earlier > 0:
@@ -598,20 +527,17 @@ def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_
     regimes = validate_regimes(regimes)
     device = check_device() if device is None else torch.device(device)
     store = UnitStore(units_dir, shard=shard)
+    todo = [(i, source.tiles[i], [r for r in regimes if not store.has(unit_id(i, source.tiles[i].name, r))])
+            for i in tile_indices]
+    digests: dict[int, str] = {}
     computed = 0
-    for i in tile_indices:
-        tile, prepared, digest = source.tiles[i], None, None
-        for regime in regimes:
-            uid = unit_id(i, tile.name, regime)
-            if store.has(uid):
-                continue
-            prepared = prepared or prepare(tile, device)
-            digest = digest or tile_sha256(tile)
-            unit, evidence = evaluate_unit(pair, prepared, regime, ulp_threshold=ulp_threshold, invariance=invariance)
-            store.write(uid, unit, evidence, digest)
-            computed += 1
-            if progress:
-                progress(f"{tile.name} [{regime}] {unit.n_differing} differing")
+    for i, regime, unit, evidence in evaluate_batches(pair, [item for item in todo if item[2]], device,
+                                                      ulp_threshold=ulp_threshold, invariance=invariance):
+        digests[i] = digests.get(i) or tile_sha256(source.tiles[i])
+        store.write(unit_id(i, source.tiles[i].name, regime), unit, evidence, digests[i])
+        computed += 1
+        if progress:
+            progress(f"{source.tiles[i].name} [{regime}] {unit.n_differing} differing")
     return computed
 
 
@@ -635,5 +561,5 @@ def exit_code(report: Report, strict: bool = False) -> int:
 
 
 __all__ = ["REGIMES", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
-           "evaluate_unit", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
+           "evaluate_unit", "evaluate_units", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
            "summarize"]

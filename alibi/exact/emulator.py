@@ -191,12 +191,17 @@ def apply_epilogue(
     `acc` may be int64 (as from `exact_accumulator`); it is first taken to int32 the way the
     hardware register holds it, then converted to fp32 with round-to-nearest-even.
     `s_a` is [M] (or [1]), `s_w` is [N] (or [1]). Every step is one IEEE fp32 operation (or
-    `fma_f32`) and a round-to-nearest-even cast, so a GPU gives the CPU's bits.
+    `fma_f32`) and a round-to-nearest-even cast, so a GPU gives the CPU's bits. A batch of units runs at
+    once with leading dimensions: `acc` [B, M, N], `s_a` [B, M] (or [B, 1]), `s_w` and `bias` [B, N]; every
+    operation is elementwise, so each unit gets the bits it gets alone.
     """
     dev = acc.device
+    lead = acc.shape[:-2]
     accf = int32_wrap(acc).to(torch.float32) if not acc.is_floating_point() else acc.to(torch.float32)
-    sa = s_a.to(dev, torch.float32).reshape(-1, 1)
-    sw = s_w.to(dev, torch.float32).reshape(1, -1)
+    sa = s_a.to(dev, torch.float32).reshape(*lead, -1, 1)
+    sw = s_w.to(dev, torch.float32).reshape(*lead, 1, -1)
+    if bias is not None:
+        bias = bias.to(dev, torch.float32).reshape(*lead, 1, -1)
     if model.statistics is not None:
         return _statistics_epilogue(model, accf, sa * ABSMAX_LEVELS, sw * ABSMAX_LEVELS, bias, out_dtype)
     if model.order == "w_then_a":
@@ -209,7 +214,7 @@ def apply_epilogue(
         first = round_to(first, out_dtype).to(torch.float32)
     if bias is None:
         return round_to(first * last, out_dtype)
-    b = bias.to(dev, torch.float32).reshape(1, -1)
+    b = bias
     if model.bias == "fma":
         return round_to(fma_f32(last, first, b), out_dtype)
     if model.bias == "add_before_cast":
@@ -220,7 +225,8 @@ def apply_epilogue(
 
 def _statistics_epilogue(model: EpilogueModel, accf: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
                          bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """`model.statistics`: the scale program on the statistics `row`, `col`, then `· constant` and the bias."""
+    """`model.statistics`: the scale program on the statistics `row`, `col`, then `· constant` and the bias (fp32,
+    shaped to broadcast against `accf`, or None)."""
     if model.order == "product_first":
         y = accf * (row * col)
     else:
@@ -230,11 +236,11 @@ def _statistics_epilogue(model: EpilogueModel, accf: torch.Tensor, row: torch.Te
         y = first * last
     c = torch.tensor(model.statistics, dtype=torch.float32, device=accf.device)
     if model.bias == "fma":
-        b = torch.zeros((1, y.shape[1]), device=y.device) if bias is None else bias.to(y.device, torch.float32).reshape(1, -1)
+        b = torch.zeros((*y.shape[:-2], 1, y.shape[-1]), device=y.device) if bias is None else bias
         return round_to(fma_f32(y, c, b), out_dtype)
     if bias is None:
         return round_to(y * c, out_dtype)
-    b = bias.to(y.device, torch.float32).reshape(1, -1)
+    b = bias
     if model.bias == "add_before_cast":
         return round_to(y * c + b, out_dtype)
     return round_to(round_to(y * c, out_dtype).to(torch.float32) + b, out_dtype)
@@ -270,9 +276,12 @@ class Prediction:
 
 
 def product_bound(a_q: torch.Tensor, w_q: torch.Tensor) -> int:
-    a_min = bool((a_q == -128).any())
-    w_min = bool((w_q == -128).any())
-    return 128 * 128 if (a_min and w_min) else 128 * 127
+    return _bound(bool((a_q == -128).any()), bool((w_q == -128).any()))
+
+
+def _bound(a_has_min: bool, w_has_min: bool) -> int:
+    """The largest |a·w|: 128² only when both operands contain −128."""
+    return 128 * 128 if (a_has_min and w_has_min) else 128 * 127
 
 
 def predict(a_q: torch.Tensor, w_q: torch.Tensor, acc: torch.Tensor | None = None) -> Prediction:
@@ -280,9 +289,15 @@ def predict(a_q: torch.Tensor, w_q: torch.Tensor, acc: torch.Tensor | None = Non
     if acc is None:
         acc = exact_accumulator(a_q, w_q)
     max_abs = int(acc.abs().max()) if acc.numel() else 0
-    bound = product_bound(a_q, w_q)
+    return prediction(max_abs, bool((a_q == -128).any()), bool((w_q == -128).any()), a_q.shape[1])
+
+
+def prediction(max_abs: int, a_has_min: bool, w_has_min: bool, K: int) -> Prediction:
+    """The prediction from its three measurements: the exact max|acc|, and whether each operand contains −128
+    (`predict` measures them on one tile; the conformance pipeline on a batch of tiles at once)."""
+    bound = _bound(a_has_min, w_has_min)
     k_limit = (INT32_LIMIT - 1) // bound
-    int32_safe = a_q.shape[1] <= k_limit
+    int32_safe = K <= k_limit
     lossless = max_abs <= FP32_EXACT_LIMIT
     headroom = math.inf if max_abs == 0 else math.log2(FP32_EXACT_LIMIT / max_abs)
     return Prediction(max_abs, headroom, bound, k_limit, int32_safe, lossless,

@@ -37,6 +37,7 @@ of time on any machine with nvcc, with or without a GPU.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,15 @@ class CutlassLibrary:
 
     def describe(self, config: int) -> str:
         return self.handle.alibi_config_name(config).decode()
+
+    @functools.cached_property
+    def evidence(self) -> dict[str, Any]:
+        """What every launch through this library records about it, read once (the files do not change while it
+        is loaded): its code path, file, build record, the CUTLASS version and the digest of the bytes loaded."""
+        return {"code_path": self.handle.alibi_path().decode(), "library": str(self.path),
+                "build": nvcc.build_record(self.path), "cutlass": nvcc.cutlass_version(),
+                # a DigestSet, as manifests require of every `*_digest` key (kernel evidence is recorded in them)
+                "build_digest": {"sha256": self.check.sha256}, "binary": self.check.to_json()}
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
@@ -262,11 +272,7 @@ class CutlassKernel(Kernel):
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
         if self._ran is not None:
-            lib = self._ran
-            ev.update(code_path=lib.handle.alibi_path().decode(), library=str(lib.path),
-                      build=nvcc.build_record(lib.path), cutlass=nvcc.cutlass_version(),
-                      # a DigestSet, as manifests require of every `*_digest` key (kernel evidence is recorded in them)
-                      build_digest={"sha256": lib.check.sha256}, binary=lib.check.to_json())
+            ev.update(self._ran.evidence)
         ev["last_run"] = dict(self.last_run)
         return ev
 

@@ -71,6 +71,16 @@ case $STAGE in
     mv "$OUT/profile.log" "$OUT/profile/" 2>/dev/null
     ECO_PARTS="identify synthetic fp8" ECO_IDENTIFY="torchao-int-scaled-mm" bash analysis/h200/ecosystem.sh
     finish profile ;;
+  gputests)  # carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz,src.tar.gz}:
+             # the fp8 matrix, the ecosystem GPU tests and the kernel contract over every GPU kernel
+    bash analysis/h200/vllm.sh --unpack || exit 1
+    ECO_PARTS="identify fp8" ECO_IDENTIFY=" " bash analysis/h200/ecosystem.sh
+    finish ;;
+  throughput)  # issue 23 item 4: carry gpu_payload/{src.tar.gz,src-before.tar.gz} (+ the CUTLASS libraries where
+               # no earlier call left them, + a GGUF part): analysis/h200/throughput.sh
+    bash analysis/h200/throughput.sh
+    mkdir -p "$OUT/ecosystem"
+    finish throughput ;;
   model)
     for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing"; exit 1; }; done
     if [ ! -f "$W/model/w8a8-pow2-ceil/manifest.json" ]; then
@@ -91,5 +101,5 @@ case $STAGE in
     mkdir -p "$OUT/a5"
     for f in "$OUT"/variations-*; do [ -e "$f" ] && mv "$f" "$OUT/a5/"; done
     finish a5 ;;
-  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices)"; exit 2 ;;
+  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices, gputests, throughput)"; exit 2 ;;
 esac

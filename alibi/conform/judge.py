@@ -1,0 +1,359 @@
+"""Judging units in batches: every check of every unit of one shape at once, with one transfer to the host.
+
+A conformance unit's checks are a few dozen reductions over its outputs; run one unit at a time, a capture
+of small tiles is bound by per-operation overhead and device synchronizations, not by arithmetic
+(`alibi bench conform`). So the pipeline first runs the kernels of a group of units whose tiles share a
+shape (`UnitRun`: the outputs, the operands as each arm held them, the invariance runs), then `judge` stacks
+the group into tensors [B, ...], runs each check's measurement on the whole batch (`alibi.conform.checks`:
+every measurement is elementwise, or a reduction over one unit's own elements), brings every unit's numbers
+to the host in one transfer, and builds each unit's verdicts from them. A unit's numbers are exactly those it
+gets alone: a batch of one is the same code (tests/conform/test_results_unchanged.py holds the reports to the
+bytes of the unit-by-unit pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from alibi.conform import checks
+from alibi.conform.differences import first_differences
+from alibi.conform.results import Safety, UnitResult
+from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
+from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_subnormal
+from alibi.kernels.base import OPERANDS
+from alibi.tiles.tile import Tile
+
+Stage = Callable[[str], AbstractContextManager[None]]
+
+
+@dataclass
+class PreparedTile:
+    """A tile on the check device with what both regimes share: the exact accumulator (int8), and each arm's
+    exposed accumulator once a check has asked for it."""
+
+    tile: Tile
+    acc: torch.Tensor | None
+    exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
+
+
+@dataclass
+class UnitRun:
+    """What both arms produced for one unit (a prepared tile under one regime), on the check device: `tile` with
+    the regime's scales, each arm's output, the operands as each arm held them after its run, and — in the real
+    regime, with invariance on — the sub-batch outputs and a second run of each arm."""
+
+    prepared: PreparedTile
+    regime: str
+    tile: Tile
+    out_a: torch.Tensor
+    out_b: torch.Tensor
+    operands_a: dict[str, torch.Tensor | None]
+    operands_b: dict[str, torch.Tensor | None]
+    subsets: dict[str, list[tuple[list[int], torch.Tensor]]] | None
+    again: dict[str, torch.Tensor] | None
+    evidence: dict[str, dict[str, Any]]
+
+    def shape_key(self) -> tuple:
+        """What units must share to be judged as one batch."""
+        t = self.tile
+        exposed = tuple(None if x is None else tuple(x.shape) for x in (self.prepared.exposed.get("a"),
+                                                                          self.prepared.exposed.get("b")))
+        return (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape),
+                tuple(self.out_a.shape), tuple(self.out_b.shape), exposed,
+                tuple(None if v is None else (v.dtype, tuple(v.shape), v.device) for v in self.operands_a.values()),
+                tuple(None if v is None else (v.dtype, tuple(v.shape), v.device) for v in self.operands_b.values()))
+
+
+def bias_handling(model: EpilogueModel | None) -> str | None:
+    """How a model's bias meets the product, for the pow2 identity: its bias mode, plus the rounding to the output
+    dtype between the scales when it has one (a bias then meets an already rounded product, whatever the scales)."""
+    if model is None:
+        return None
+    return model.bias + ("+round_between" if model.round_between else "")
+
+
+def uses_statistics(*models: EpilogueModel | None) -> bool:
+    return any(m is not None and m.statistics is not None for m in models)
+
+
+def difference_causes(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
+                      acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """Per unit of a batch ([B, M, N] model outputs `out_a`, `out_b` on accumulators `acc`): which steps from model
+    a to model b change bits, as a [steps, B] bool tensor over `cause_steps(a, b, bias)`.
+
+    The models are walked from a to b one attribute at a time (statistics, order, the rounding between the scales,
+    the bias mode; the rounding before the order when b's order is product_first, which has none), each step taken
+    only where the attribute differs (the bias mode only with a bias)."""
+    changed, current, out_current = [], a, out_a
+    for _label, attr in cause_steps(a, b, bias is not None):
+        nxt = replace(current, **{attr: getattr(b, attr)})
+        out_next = out_b if nxt == b else apply_epilogue(nxt, acc, s_a, s_w, bias, out_dtype)
+        changed.append(checks.anywhere(~bitwise_equal_mask(out_current, out_next)))
+        current, out_current = nxt, out_next
+    return torch.stack(changed) if changed else torch.zeros((0, out_a.shape[0]), dtype=torch.bool)
+
+
+def cause_steps(a: EpilogueModel, b: EpilogueModel, bias: bool) -> list[tuple[str, str]]:
+    """The (label, attribute) steps from model a to model b, in walking order (`difference_causes`)."""
+    steps = [("statistics", "statistics"), ("scale order", "order"), ("intermediate rounding", "round_between"),
+             ("bias mode", "bias")]
+    if b.order == "product_first":
+        steps[1], steps[2] = steps[2], steps[1]
+    taken, current = [], a
+    for label, attr in steps:
+        if getattr(current, attr) == getattr(b, attr) or (attr == "bias" and not bias):
+            continue
+        taken.append((label, attr))
+        current = replace(current, **{attr: getattr(b, attr)})
+    return taken
+
+
+def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
+                     acc: torch.Tensor, tile: Tile) -> str | None:
+    """What in the two declared models makes their outputs `out_a`, `out_b` differ on this tile: `scale order`,
+    `intermediate rounding`, `bias mode`, `statistics` (a statistics-based dequantization), or several (joined by
+    "and"), None where the models agree everywhere (`difference_causes` on a batch of one)."""
+    changed = difference_causes(a, b, out_a.unsqueeze(0), out_b.unsqueeze(0), acc.unsqueeze(0), tile.s_a.unsqueeze(0),
+                                tile.s_w.unsqueeze(0), None if tile.bias is None else tile.bias.unsqueeze(0),
+                                tile.out_dtype)
+    labels = [label for label, _ in cause_steps(a, b, tile.bias is not None)]
+    return " and ".join(label for label, hit in zip(labels, changed[:, 0].tolist(), strict=True) if hit) or None
+
+
+def _stack(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if any(t is None for t in tensors) else torch.stack(tensors)
+
+
+def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
+          invariance: bool = True) -> list[UnitResult]:
+    """Every check of every unit in `runs` (module docstring); runs whose tiles differ in shape, format or what
+    the arms exposed are judged apart, each batch with one transfer of numbers."""
+    batches: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        batches.setdefault(run.shape_key(), []).append(i)
+    results: list[UnitResult | None] = [None] * len(runs)
+    for indices in batches.values():
+        for i, unit in zip(indices, _judge_batch(pair, [runs[i] for i in indices], stage, ulp_threshold, invariance),
+                           strict=True):
+            results[i] = unit
+    return results  # type: ignore[return-value]
+
+
+def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, invariance: bool) -> list[UnitResult]:
+    B, t0 = len(runs), runs[0].tile
+    int8, dtype = t0.fmt == "int8", t0.out_dtype
+    ma, mb = pair.a.epilogue, pair.b.epilogue
+    tiles = [r.tile for r in runs]
+    real = [r.regime == "real" for r in runs]
+    with stage("reference"):
+        out_a, out_b = torch.stack([r.out_a for r in runs]), torch.stack([r.out_b for r in runs])
+        s_a, s_w = torch.stack([t.s_a for t in tiles]), torch.stack([t.s_w for t in tiles])
+        bias = _stack([t.bias for t in tiles]) if t0.bias is not None else None
+        acc = torch.stack([r.prepared.acc for r in runs]) if int8 else None
+        exposed = {arm: _stack([r.prepared.exposed.get(arm) for r in runs]) for arm in ("a", "b")}
+
+        # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator itself rounds
+        # in an implementation-defined order, so an arm can only be held to its declared epilogue applied to its
+        # *own* exposed fp32 accumulator (unjudged when it exposes none).
+        def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
+            base = acc if int8 else exposed[arm]
+            return None if model is None or base is None else apply_epilogue(model, base, s_a, s_w, bias, dtype)
+        expect_a = model_out(ma, "a")
+        expect_b = expect_a if (int8 and ma is not None and ma == mb) else model_out(mb, "b")
+        # the fp32 reference of the pow2 identity (used on the units whose weight scales are all powers of two)
+        reference_fp32 = apply_epilogue(EpilogueModel("a_then_w"), acc, s_a, s_w, None, torch.float32) if int8 else None
+        exact = None
+        if int8 and any(real):
+            exact = acc.to(torch.float64) * s_a.to(torch.float64).reshape(B, -1, 1) \
+                * s_w.to(torch.float64).reshape(B, 1, -1)
+            if bias is not None:
+                exact = exact + bias.to(torch.float64).reshape(B, 1, -1)
+    with stage("checks"):
+        comparison = compare_outputs(out_a, out_b)
+        differs, ulp = comparison.differs, comparison.ulp
+        m: dict[str, torch.Tensor] = {"n_differing": checks.count(differs), "max_ulp": checks.largest(ulp)}
+        masks: dict[str, torch.Tensor] = {}
+        if int8:
+            a_q, w_q = torch.stack([r.prepared.tile.a_q for r in runs]), torch.stack([r.prepared.tile.w_q for r in runs])
+            m.update(max_abs_acc=checks.largest(acc.abs()), a_has_min=checks.anywhere(a_q == -128),
+                     w_has_min=checks.anywhere(w_q == -128))
+            expected_acc = int32_wrap(acc)
+            for arm in ("a", "b"):
+                if exposed[arm] is not None and exposed[arm].shape == expected_acc.shape:
+                    masks[f"acc_{arm}"] = checks.accumulator_mismatch(exposed[arm], expected_acc)
+                    m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
+        for key in sorted(OPERANDS):
+            a, b = _stack([r.operands_a[key] for r in runs]), _stack([r.operands_b[key] for r in runs])
+            if a is None and b is None and all(r.operands_a[key] is None and r.operands_b[key] is None for r in runs):
+                continue
+            differ = checks.operands_differ(a, b)
+            m[f"operands_{key}"] = (torch.ones(B, dtype=torch.bool, device=differs.device) if differ is True
+                                    else differ.to(differs.device))
+        predicted = None
+        if int8 and ma is not None and mb is not None:
+            predicted = ~bitwise_equal_mask(expect_a, expect_b)
+            pd, masks["predicted"] = checks.predicted_differences_measure(differs, predicted)
+            m.update({f"pd_{k}": v for k, v in pd.items()})
+        for arm, out, expected in (("a", out_a, expect_a), ("b", out_b, expect_b)):
+            if expected is not None:
+                em, masks[f"em_{arm}"] = checks.epilogue_model_measure(out, expected)
+                m.update({f"em_{arm}_{k}": v for k, v in em.items()})
+        if int8 and not uses_statistics(ma, mb):
+            p2, masks["pow2"] = checks.pow2_identity_measure(differs, s_w, reference_fp32)
+            m.update({f"pow2_{k}": v for k, v in p2.items()})
+        near = None
+        if exact is not None:
+            top, near = checks.near_zero_mask(exact, dtype_name(dtype))
+            m.update({f"nz_{k}": v for k, v in
+                      checks.near_zero_measure(out_a, out_b, differs, ulp, exact, top, near).items()})
+        m.update({f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, near).items()})
+        original_s_w = torch.stack([r.prepared.tile.s_w for r in runs])
+        m["pow2_scales_changed"] = checks.count(original_s_w != s_w)
+        m["subnormal_scales"] = checks.count(is_subnormal(s_a)) + checks.count(is_subnormal(s_w))
+        invariance_runs = [i for i, r in enumerate(runs) if r.subsets is not None]
+        if invariance_runs:
+            m.update(_invariance_measure(runs, invariance_runs, out_a, out_b, B))
+        values = checks.numbers(m)
+        differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
+        causes = _causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype, values) if predicted is not None \
+            else [None] * B
+        return [_unit(pair, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
+                      {"a": exposed["a"], "b": exposed["b"], "expected_acc": expected_acc if int8 else None})
+                for i in range(B)]
+
+
+def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Tensor, out_b: torch.Tensor,
+                        B: int) -> dict[str, torch.Tensor]:
+    """M-invariance and run-to-run counts of the units in `indices` (those with invariance runs), as [B] tensors
+    (zero elsewhere)."""
+    full = {"a": out_a[indices], "b": out_b[indices]}
+    at = torch.tensor(indices, device=out_a.device)
+    m = {}
+    first = runs[indices[0]]
+    for arm in ("a", "b"):
+        for j, (rows, _) in enumerate(first.subsets[arm]):
+            sub = torch.stack([runs[i].subsets[arm][j][1] for i in indices])
+            m[f"mi_{arm}_{j}"] = checks.count(~bitwise_equal_mask(sub, full[arm][:, rows]))
+        again = torch.stack([runs[i].again[arm] for i in indices])
+        m[f"rr_{arm}"] = checks.count(~bitwise_equal_mask(full[arm], again))
+    return {k: torch.zeros(B, dtype=v.dtype, device=v.device).index_copy(0, at, v) for k, v in m.items()}
+
+
+def _causes(ma: EpilogueModel, mb: EpilogueModel, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,
+            s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+            values: list[dict[str, float]]) -> list[str | None]:
+    """Each unit's cause (`difference_cause`), for the units whose declared models differ somewhere."""
+    if not any(v["pd_n_predicted"] for v in values):
+        return [None] * len(values)
+    labels = [label for label, _ in cause_steps(ma, mb, bias is not None)]
+    changed = difference_causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype).cpu().tolist()
+    return [" and ".join(label for label, hits in zip(labels, changed, strict=True) if hits[i]) or None
+            if v["pd_n_predicted"] else None for i, v in enumerate(values)]
+
+
+def _first(masks: dict[str, torch.Tensor], name: str, i: int) -> Callable[[], list[int] | None]:
+    return lambda: checks.first_mismatch(masks[name][i])
+
+
+def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor], differences, cause,
+          ulp_threshold: int, invariance: bool, accumulators: dict[str, torch.Tensor | None]) -> UnitResult:
+    """One unit's verdicts and result from its numbers `v` (the keys `_judge_batch` measured)."""
+    t, regime = run.tile, run.regime
+    int8 = t.fmt == "int8"
+    ma, mb = pair.a.epilogue, pair.b.epilogue
+    names = {"a": pair.a.name, "b": pair.b.name}
+    pred: Prediction | None = (prediction(int(v["max_abs_acc"]), bool(v["a_has_min"]), bool(v["w_has_min"]), t.K)
+                               if int8 else None)
+    if not int8:
+        pd, why_not = None, (f"{t.fmt} accumulation order is implementation-defined: the declared models predict no "
+                             "exact set of differences")
+    elif ma is None or mb is None:
+        pd, why_not = None, checks.undeclared_model_reason([arm for arm, m in (("a", ma), ("b", mb)) if m is None],
+                                                           names)
+    else:
+        pd, why_not = {k.removeprefix("pd_"): x for k, x in v.items() if k.startswith("pd_")}, ""
+    near = (checks.near_zero_result({k.removeprefix("nz_"): x for k, x in v.items() if k.startswith("nz_")},
+                                    dtype_name(t.out_dtype))
+            if int8 and regime == "real" else checks.NO_NEAR_ZERO)
+    rt = {k.removeprefix("rt_"): x for k, x in v.items() if k.startswith("rt_")}
+    verdicts = [
+        checks.shared_operands_verdict([k.removeprefix("operands_") for k in v if k.startswith("operands_")
+                                        and v[k]]),
+        checks.int32_no_overflow(pred, t.K),
+        checks.lossless_fp32_entry(pred),
+        _accumulator_verdict(run, i, v, masks, accumulators) if int8 else
+        checks.inapplicable("exact-accumulator", "no exact reference (not an int8 tile)"),
+        checks.pow2_identity_verdict(bool(v["pow2_all_pow2"]), pred.int32_safe, t.M * t.N, int(v["pow2_n_excluded"]),
+                                     int(v["pow2_n_differing"]), _first(masks, "pow2", i), bias=t.bias is not None,
+                                     bias_modes=(bias_handling(ma), bias_handling(mb)))
+        if int8 and not uses_statistics(ma, mb) else
+        checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order")
+        if not int8 else
+        checks.inapplicable("pow2-identity", "an arm dequantizes with absmax statistics 127·s and a constant, "
+                            "which power-of-two scales do not make commute: judged by predicted-differences",
+                            evidence={"reason": "statistics"}),
+        checks.real_scale_tolerance_verdict(rt if regime == "real" else None, ulp_threshold),
+        checks.token_level_risk(),
+        checks.epilogue_model_verdict(
+            {arm: (model.name if model else None,
+                   {k.removeprefix(f"em_{arm}_"): x for k, x in v.items() if k.startswith(f"em_{arm}_")} or None,
+                   _first(masks, f"em_{arm}", i)) for arm, model in (("a", ma), ("b", mb))}, names),
+        checks.predicted_differences_verdict(pd, _first(masks, "predicted", i), why_not, cause),
+    ]
+    if run.subsets is not None:
+        verdicts += _invariance_verdicts(run, v)
+    else:
+        why = "checked in the real-scale regime" if invariance else "disabled (--no-invariance)"
+        verdicts += [checks.inapplicable("m-invariance", why), checks.inapplicable("run-to-run", why)]
+    n_differing = int(v["n_differing"])
+    explained = None if pd is None else not (pd["n_unpredicted"] or pd["n_predicted_not_observed"])
+    return UnitResult(
+        tile=t.name, regime=regime, fmt=t.fmt, M=t.M, K=t.K, N=t.N, out_dtype=dtype_name(t.out_dtype),
+        bias=t.bias is not None, n_elements=t.M * t.N, n_differing=n_differing,
+        max_ulp=checks.optional_int(v["max_ulp"]), bitwise_equal=n_differing == 0, differences=differences,
+        max_abs_acc=pred.max_abs_acc if pred else None,
+        headroom_bits=None if pred is None or pred.headroom_bits == float("inf") else pred.headroom_bits,
+        prediction=Safety(pred.prediction) if pred else None,
+        n_predicted=None if pd is None else int(pd["n_predicted"]), explained=explained,
+        cause=cause if explained else None,
+        near_zero_floor=near.floor, n_near_zero=near.n_near_zero, n_differing_near_zero=near.n_differing_near_zero,
+        max_ulp_above_floor=near.max_ulp_above_floor, max_rel_diff_above_floor=near.max_rel_diff_above_floor,
+        pow2_scales_changed=int(v["pow2_scales_changed"]) if regime == "pow2" else 0,
+        subnormal_scales=int(v["subnormal_scales"]), verdicts=tuple(verdicts))
+
+
+def _accumulator_verdict(run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor],
+                         accumulators: dict[str, torch.Tensor | None]):
+    exposed = sorted(arm for arm in ("a", "b") if run.prepared.exposed.get(arm) is not None)
+    bad: dict[str, Any] = {}
+    for arm in exposed:
+        if f"acc_{arm}" not in v:
+            bad[arm] = {"shape": list(run.prepared.exposed[arm].shape)}
+        elif v[f"acc_{arm}"]:
+            bad[arm] = checks.accumulator_violation(accumulators[arm][i], accumulators["expected_acc"][i],
+                                                    masks[f"acc_{arm}"][i], int(v[f"acc_{arm}"]))
+    return checks.exact_accumulator_verdict(exposed, bad)
+
+
+def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
+    if not any(run.subsets.values()):
+        m_inv = checks.inapplicable("m-invariance", "no sub-batches were run")
+    else:
+        bad: dict[str, Any] = {}
+        for arm in ("a", "b"):
+            for j, (rows, _) in enumerate(run.subsets[arm]):
+                if v[f"mi_{arm}_{j}"]:
+                    bad.setdefault(arm, []).append(checks.sub_batch_violation(rows, int(v[f"mi_{arm}_{j}"])))
+        sizes = sorted({len(rows) for runs in run.subsets.values() for rows, _ in runs})
+        m_inv = checks.m_invariance_verdict(sizes, bad)
+    again = {arm: int(v[f"rr_{arm}"]) for arm in ("a", "b")}
+    return [m_inv, checks.run_to_run_verdict(["a", "b"], {arm: n for arm, n in again.items() if n})]
+
+
+__all__ = ["PreparedTile", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge"]

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Issue 23 item 4 on the GPU: `alibi bench conform` before and after units were judged in batches, in one call,
+# with the per-unit results of both compared.
+#
+#   BEFORE=COMMIT bash analysis/h200/ecosystem_chain.sh throughput
+#
+# (through the chain, which unpacks gpu_payload/src.tar.gz, the "after" code, to /tmp/src and sets up the
+# carried CUTLASS libraries and GGUF parts). gpu_payload/src-before.tar.gz holds the "before" commit
+# (analysis/h200/pack_source.sh COMMIT gpu_payload/src-before.tar.gz). Sources, each for both commits, in turn:
+# the Qwen3-1.7B preset at M = 512 (14 units), `smollm2-135m-full` at M = 512 (the SmolLM2 capture's 210 shapes,
+# synthetic, 420 units) and, once both GGUF parts have arrived in /tmp/alibi, the SmolLM2-135M W8A8 capture
+# itself (210 tiles, window 0 of wikipedia-8x512, captured with triton; 420 units). Pair cutlass vs triton, check
+# device cuda, both regimes and every check, 3 timed repeats after a warm-up (the bench's own). For each source
+# `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
+# but the environment and the kernels' evidence) must be equal. A cProfile of the "after" bench closes.
+# Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
+set -u
+: "${OUT:?}"
+W=${W:-/tmp/alibi}
+R=$OUT/throughput
+mkdir -p "$R"
+AFTER_DIR=$PWD
+BEFORE_DIR=/tmp/src-before
+rm -rf "$BEFORE_DIR" && mkdir -p "$BEFORE_DIR" && tar -xzf gpu_payload/src-before.tar.gz -C "$BEFORE_DIR" \
+  || { echo "throughput.sh: no gpu_payload/src-before.tar.gz"; exit 1; }
+export SOURCE_DATE_EPOCH=1764633600
+LIMIT=${LIMIT:-150}
+KA=${KA:-cutlass} KB=${KB:-triton}  # the pair (other kernels only to try the script on a machine without a GPU)
+log() { echo "$*" | tee -a "$R/steps.txt"; }
+log "before $(cat "$BEFORE_DIR/SOURCE_COMMIT"), after $(cat "$AFTER_DIR/SOURCE_COMMIT"), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo no GPU)"
+
+# one side: CODE (before|after) SOURCE_NAME SOURCE_ARGS...
+side() {
+  local code=$1 name=$2; shift 2
+  local dir=$AFTER_DIR; [ "$code" = before ] && dir=$BEFORE_DIR
+  local s; s=$(date +%s)
+  (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi bench conform --kernel-a "$KA" --kernel-b "$KB" \
+     "$@" --repeats 3 --check-devices "${DEVICE:-cuda}" --quiet --out "$R/bench-$code-$name.json" > "$R/bench-$code-$name.txt" 2>&1)
+  log "bench   $code $name rc=$? $(( $(date +%s) - s ))s: $(grep -E "^  ${DEVICE:-cuda} " "$R/bench-$code-$name.txt")"
+  s=$(date +%s)
+  (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi conform --kernel-a "$KA" --kernel-b "$KB" "$@" \
+     --quiet --out "$R/conform-$code-$name" > "$R/conform-$code-$name.txt" 2>&1)
+  log "conform $code $name rc=$? $(( $(date +%s) - s ))s"
+}
+compare() {  # the results of both commits' report.json on one source
+  python - "$R/conform-before-$1/report.json" "$R/conform-after-$1/report.json" <<'PY' | tee -a "$R/steps.txt"
+import json, sys
+def results(path):
+    r = json.load(open(path))
+    return {k: r[k] for k in ("created_at", "verdict", "equivalence", "inconclusive_because", "seed", "regimes",
+                              "checks", "tiles")}
+try:
+    a, b = results(sys.argv[1]), results(sys.argv[2])
+except (OSError, KeyError, ValueError) as exc:
+    print(f"compare {sys.argv[1].split('/')[-2]}: cannot read both reports: {exc}")
+    sys.exit(0)
+same = sum(x == y for x, y in zip(a["tiles"], b["tiles"]))
+print(f"compare {sys.argv[1].split('/')[-2].removeprefix('conform-before-')}: {len(a['tiles'])} units, "
+      f"{same} identical; verdict {a['verdict']} / {b['verdict']}; whole results identical: {a == b}")
+PY
+}
+profile() {  # NAME SOURCE_ARGS...: cProfile of the after bench (one timed run)
+  local name=$1; shift
+  (cd "$AFTER_DIR" && timeout "$LIMIT" python - "$R/profile-$name.txt" "$KA" "$KB" "${DEVICE:-cuda}" "$@" \
+     > "$R/profile-$name.log" 2>&1 <<'PY'
+import cProfile, io, pstats, sys
+from alibi.conform.bench import bench_conform, format_table
+from alibi.conform.pipeline import choose_pair, source_from_dir, source_from_preset
+out, ka, kb, device, kind, value = sys.argv[1:7]
+source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
+pair = choose_pair(ka, kb)
+bench_conform(pair, source, devices=[device], repeats=1)
+profile = cProfile.Profile()
+profile.enable()
+result = bench_conform(pair, source, devices=[device], repeats=1)
+profile.disable()
+text = io.StringIO()
+text.write(format_table(result) + "\n\n")
+for key in ("tottime", "cumulative"):
+    pstats.Stats(profile, stream=text).sort_stats(key).print_stats(40)
+open(out, "w").write(text.getvalue())
+PY
+  )
+  log "profile $name rc=$?"
+}
+
+for code in before after; do side "$code" qwen3 --synthetic qwen3-1.7b --rows 512; done
+compare qwen3
+if [ "${THROUGHPUT_SYNTHETIC:-1}" = 1 ]; then
+  for code in before after; do side "$code" smollm2-full --synthetic smollm2-135m-full --rows 512; done
+  compare smollm2-full
+fi
+if [ ! -f "$W/capture/manifest.json" ] && [ -f "$W/smollm2.gguf.part-aa" ] && [ -f "$W/smollm2.gguf.part-ab" ]; then
+  s=$(date +%s)
+  cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf"
+  (cd "$AFTER_DIR" && timeout 300 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" \
+     > "$R/prepare.txt" 2>&1 && timeout 300 python -m alibi capture --model "$W/model/w8a8" \
+     --prompts experiments/prompts/wikipedia-8x512 --tokens 512 --kernel triton --quiet --out "$W/capture" \
+     > "$R/capture.txt" 2>&1)
+  log "model and capture rc=$? $(( $(date +%s) - s ))s"
+fi
+if [ -f "$W/capture/manifest.json" ]; then
+  for code in before after; do side "$code" smollm2-capture --tiles "$W/capture"; done
+  compare smollm2-capture
+  profile smollm2-capture --tiles "$W/capture"
+else
+  log "no SmolLM2 capture in $W/capture (both GGUF parts are needed): the capture is left out"
+  [ "${THROUGHPUT_SYNTHETIC:-1}" = 1 ] && profile smollm2-full --synthetic smollm2-135m-full
+fi
+profile qwen3 --synthetic qwen3-1.7b
