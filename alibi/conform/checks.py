@@ -22,7 +22,7 @@ import torch
 
 from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, compare_outputs, is_pow2
+from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, is_pow2, ulp_distance
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -376,18 +376,34 @@ def token_level_risk(flip_rate: float | None = None, bound: float | None = None,
 
 # extended ------------------------------------------------------------------------------------
 def epilogue_model_measure(out: torch.Tensor, expected: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Per unit of a batch: how many outputs differ from the declared model's and the largest ulp distance (-1:
-    none finite); and the mask of the differing elements."""
-    comparison = compare_outputs(out, expected)
-    return {"n_differing": count(comparison.differs), "max_ulp": largest(comparison.ulp)}, comparison.differs
+    """Per unit of a batch: how many outputs differ from the declared model's; and the mask of the differing
+    elements (a violation's largest ulp distance is measured when there is one: `Deviation`)."""
+    differs = ~bitwise_equal_mask(out, expected)
+    return {"n_differing": count(differs)}, differs
 
 
-def epilogue_model_verdict(arms: dict[str, tuple[str | None, dict[str, float] | None, Callable[[], list[int] | None]]],
+@dataclass(frozen=True)
+class Deviation:
+    """Where one unit's output leaves its declared model's, measured only when it does: the first differing
+    element and the largest ulp distance over the whole output (-1 when no pair is finite)."""
+
+    out: torch.Tensor
+    expected: torch.Tensor
+    differs: torch.Tensor
+
+    def first(self) -> list[int] | None:
+        return first_mismatch(self.differs)
+
+    def max_ulp(self) -> int:
+        return int(ulp_distance(self.out, self.expected).max())
+
+
+def epilogue_model_verdict(arms: dict[str, tuple[str | None, dict[str, float] | None, Callable[[], Deviation]]],
                            names: dict[str, str] | None = None) -> Verdict:
     """The epilogue-model check from each arm's (declared model name, `epilogue_model_measure` numbers or None
-    when it cannot be judged, first differing element)."""
+    when it cannot be judged, its `Deviation` when it has one)."""
     judged, bad, unjudged, undeclared = {}, {}, [], []
-    for arm, (model, m, first) in arms.items():
+    for arm, (model, m, deviation) in arms.items():
         if model is None:
             undeclared.append(arm)
         if model is None or m is None:
@@ -395,8 +411,9 @@ def epilogue_model_verdict(arms: dict[str, tuple[str | None, dict[str, float] | 
             continue
         judged[arm] = model
         if m["n_differing"]:
-            bad[arm] = {"model": model, "n_differing": int(m["n_differing"]), "first": first(),
-                        "max_ulp": int(m["max_ulp"])}
+            d = deviation()
+            bad[arm] = {"model": model, "n_differing": int(m["n_differing"]), "first": d.first(),
+                        "max_ulp": d.max_ulp()}
     ev = {"models": judged, "not_judged": unjudged, **({"violations": bad} if bad else {})}
     if undeclared and not bad:
         return inapplicable("epilogue-model", undeclared_model_reason(undeclared, names),
@@ -426,10 +443,10 @@ def epilogue_model(arms: dict[str, tuple[str | None, torch.Tensor, torch.Tensor 
     measured = {}
     for arm, (model, out, expected) in arms.items():
         if model is None or expected is None:
-            measured[arm] = (model, None, lambda: None)
+            measured[arm] = (model, None, lambda: None)  # never asked: the arm is not judged
             continue
         m, differs = epilogue_model_measure(_one(out), _one(expected))
-        measured[arm] = (model, numbers(m)[0], lambda differs=differs: first_mismatch(differs[0]))
+        measured[arm] = (model, numbers(m)[0], lambda o=out, e=expected, d=differs: Deviation(o, e, d[0]))
     return epilogue_model_verdict(measured, names)
 
 

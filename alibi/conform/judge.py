@@ -24,7 +24,7 @@ from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
-from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_subnormal
+from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
 from alibi.kernels.base import OPERANDS
 from alibi.tiles.tile import Tile
 
@@ -130,6 +130,30 @@ def _stack(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
     return None if any(t is None for t in tensors) else torch.stack(tensors)
 
 
+def _where(flags: list[bool]) -> list[int]:
+    return [i for i, flag in enumerate(flags) if flag]
+
+
+def _take(batch: torch.Tensor, units: list[int]) -> torch.Tensor:
+    """The units `units` of a batch (the batch itself when that is all of them)."""
+    if len(units) == batch.shape[0]:
+        return batch
+    return batch[torch.tensor(units, device=batch.device)]
+
+
+def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor]:
+    """A mask measured on the units `units`, by unit index."""
+    return {i: mask[k] for k, i in enumerate(units)}
+
+
+def _spread(values: torch.Tensor, units: list[int], B: int) -> torch.Tensor:
+    """Values measured on the units `units` as a [B] tensor (zero elsewhere, never read there)."""
+    if len(units) == B:
+        return values
+    return torch.zeros(B, dtype=values.dtype, device=values.device).index_copy(
+        0, torch.tensor(units, device=values.device), values)
+
+
 def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
           invariance: bool = True) -> list[UnitResult]:
     """Every check of every unit in `runs` (module docstring); runs whose tiles differ in shape, format or what
@@ -156,24 +180,29 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         s_a, s_w = torch.stack([t.s_a for t in tiles]), torch.stack([t.s_w for t in tiles])
         bias = _stack([t.bias for t in tiles]) if t0.bias is not None else None
         acc = torch.stack([r.prepared.acc for r in runs]) if int8 else None
+        acc32 = int32_wrap(acc) if int8 else None  # what an int32 register holds, taken once for every model
         exposed = {arm: _stack([r.prepared.exposed.get(arm) for r in runs]) for arm in ("a", "b")}
 
         # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator itself rounds
         # in an implementation-defined order, so an arm can only be held to its declared epilogue applied to its
         # *own* exposed fp32 accumulator (unjudged when it exposes none).
         def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
-            base = acc if int8 else exposed[arm]
+            base = acc32 if int8 else exposed[arm]
             return None if model is None or base is None else apply_epilogue(model, base, s_a, s_w, bias, dtype)
         expect_a = model_out(ma, "a")
         expect_b = expect_a if (int8 and ma is not None and ma == mb) else model_out(mb, "b")
-        # the fp32 reference of the pow2 identity (used on the units whose weight scales are all powers of two)
-        reference_fp32 = apply_epilogue(EpilogueModel("a_then_w"), acc, s_a, s_w, None, torch.float32) if int8 else None
+        # The pow2 identity's fp32 reference, on the units whose weight scales are all powers of two; the exact
+        # values (fp64) of the near-zero split, on the real-scale units.
+        pow2_units = _where(is_pow2(s_w).reshape(B, -1).all(1).tolist()) if int8 and not uses_statistics(ma, mb) else []
+        reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), _take(acc32, pow2_units), _take(s_a, pow2_units),
+                                         _take(s_w, pow2_units), None, torch.float32) if pow2_units else None)
+        real_units = _where(real) if int8 else []
         exact = None
-        if int8 and any(real):
-            exact = acc.to(torch.float64) * s_a.to(torch.float64).reshape(B, -1, 1) \
-                * s_w.to(torch.float64).reshape(B, 1, -1)
+        if real_units:
+            exact = _take(acc, real_units).to(torch.float64) * _take(s_a, real_units).to(torch.float64).reshape(
+                len(real_units), -1, 1) * _take(s_w, real_units).to(torch.float64).reshape(len(real_units), 1, -1)
             if bias is not None:
-                exact = exact + bias.to(torch.float64).reshape(B, 1, -1)
+                exact = exact + _take(bias, real_units).to(torch.float64).reshape(len(real_units), 1, -1)
     with stage("checks"):
         comparison = compare_outputs(out_a, out_b)
         differs, ulp = comparison.differs, comparison.ulp
@@ -183,7 +212,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             a_q, w_q = torch.stack([r.prepared.tile.a_q for r in runs]), torch.stack([r.prepared.tile.w_q for r in runs])
             m.update(max_abs_acc=checks.largest(acc.abs()), a_has_min=checks.anywhere(a_q == -128),
                      w_has_min=checks.anywhere(w_q == -128))
-            expected_acc = int32_wrap(acc)
+            expected_acc = acc32
             for arm in ("a", "b"):
                 if exposed[arm] is not None and exposed[arm].shape == expected_acc.shape:
                     masks[f"acc_{arm}"] = checks.accumulator_mismatch(exposed[arm], expected_acc)
@@ -205,14 +234,22 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
                 em, masks[f"em_{arm}"] = checks.epilogue_model_measure(out, expected)
                 m.update({f"em_{arm}_{k}": v for k, v in em.items()})
         if int8 and not uses_statistics(ma, mb):
-            p2, masks["pow2"] = checks.pow2_identity_measure(differs, s_w, reference_fp32)
-            m.update({f"pow2_{k}": v for k, v in p2.items()})
-        near = None
-        if exact is not None:
+            m["pow2_all_pow2"] = torch.zeros(B, dtype=torch.bool, device=differs.device)
+            if pow2_units:
+                p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), _take(s_w, pow2_units),
+                                                          reference_fp32)
+                masks["pow2"] = _spread_mask(judged, pow2_units)
+                m.update({f"pow2_{k}": _spread(v, pow2_units, B) for k, v in p2.items()})
+        if real_units:
+            near_units = _take(differs, real_units), _take(ulp, real_units)
             top, near = checks.near_zero_mask(exact, dtype_name(dtype))
-            m.update({f"nz_{k}": v for k, v in
-                      checks.near_zero_measure(out_a, out_b, differs, ulp, exact, top, near).items()})
-        m.update({f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, near).items()})
+            m.update({f"nz_{k}": _spread(v, real_units, B) for k, v in checks.near_zero_measure(
+                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()})
+            m.update({f"rt_{k}": _spread(v, real_units, B) for k, v in checks.real_scale_tolerance_measure(
+                near_units[1], near_units[0], ulp_threshold, near).items()})
+        elif any(real):  # fp8: no exact values, no near-zero split
+            m.update({f"rt_{k}": v for k, v in
+                      checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, None).items()})
         original_s_w = torch.stack([r.prepared.tile.s_w for r in runs])
         m["pow2_scales_changed"] = checks.count(original_s_w != s_w)
         m["subnormal_scales"] = checks.count(is_subnormal(s_a)) + checks.count(is_subnormal(s_w))
@@ -221,10 +258,11 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             m.update(_invariance_measure(runs, invariance_runs, out_a, out_b, B))
         values = checks.numbers(m)
         differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
-        causes = _causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype, values) if predicted is not None \
+        causes = _causes(ma, mb, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values) if predicted is not None \
             else [None] * B
         return [_unit(pair, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
-                      {"a": exposed["a"], "b": exposed["b"], "expected_acc": expected_acc if int8 else None})
+                      {"a": exposed["a"], "b": exposed["b"], "expected_acc": expected_acc if int8 else None},
+                      {"a": (out_a, expect_a), "b": (out_b, expect_b)})
                 for i in range(B)]
 
 
@@ -257,12 +295,13 @@ def _causes(ma: EpilogueModel, mb: EpilogueModel, expect_a: torch.Tensor, expect
             if v["pd_n_predicted"] else None for i, v in enumerate(values)]
 
 
-def _first(masks: dict[str, torch.Tensor], name: str, i: int) -> Callable[[], list[int] | None]:
+def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] | None]:
     return lambda: checks.first_mismatch(masks[name][i])
 
 
 def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor], differences, cause,
-          ulp_threshold: int, invariance: bool, accumulators: dict[str, torch.Tensor | None]) -> UnitResult:
+          ulp_threshold: int, invariance: bool, accumulators: dict[str, torch.Tensor | None],
+          models: dict[str, tuple[torch.Tensor, torch.Tensor | None]]) -> UnitResult:
     """One unit's verdicts and result from its numbers `v` (the keys `_judge_batch` measured)."""
     t, regime = run.tile, run.regime
     int8 = t.fmt == "int8"
@@ -289,8 +328,9 @@ def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torc
         checks.lossless_fp32_entry(pred),
         _accumulator_verdict(run, i, v, masks, accumulators) if int8 else
         checks.inapplicable("exact-accumulator", "no exact reference (not an int8 tile)"),
-        checks.pow2_identity_verdict(bool(v["pow2_all_pow2"]), pred.int32_safe, t.M * t.N, int(v["pow2_n_excluded"]),
-                                     int(v["pow2_n_differing"]), _first(masks, "pow2", i), bias=t.bias is not None,
+        checks.pow2_identity_verdict(bool(v["pow2_all_pow2"]), pred.int32_safe, t.M * t.N,
+                                     int(v.get("pow2_n_excluded", 0)), int(v.get("pow2_n_differing", 0)),
+                                     _first(masks, "pow2", i), bias=t.bias is not None,
                                      bias_modes=(bias_handling(ma), bias_handling(mb)))
         if int8 and not uses_statistics(ma, mb) else
         checks.inapplicable("pow2-identity", f"{t.fmt} accumulation rounds in an implementation-defined order")
@@ -303,7 +343,8 @@ def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torc
         checks.epilogue_model_verdict(
             {arm: (model.name if model else None,
                    {k.removeprefix(f"em_{arm}_"): x for k, x in v.items() if k.startswith(f"em_{arm}_")} or None,
-                   _first(masks, f"em_{arm}", i)) for arm, model in (("a", ma), ("b", mb))}, names),
+                   lambda arm=arm: checks.Deviation(models[arm][0][i], models[arm][1][i], masks[f"em_{arm}"][i]))
+             for arm, model in (("a", ma), ("b", mb))}, names),
         checks.predicted_differences_verdict(pd, _first(masks, "predicted", i), why_not, cause),
     ]
     if run.subsets is not None:

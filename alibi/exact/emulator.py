@@ -140,7 +140,10 @@ def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
 
 
 def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
-    """The value an int32 register holds for an integer accumulator (two's-complement wrap)."""
+    """The value an int32 register holds for an integer accumulator (two's-complement wrap); an int32 tensor is
+    that already."""
+    if acc.dtype == torch.int32:
+        return acc
     return ((acc.to(torch.int64) + INT32_LIMIT) % (2 * INT32_LIMIT) - INT32_LIMIT).to(torch.int32)
 
 

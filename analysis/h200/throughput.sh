@@ -13,6 +13,7 @@
 # device cuda, both regimes and every check, 3 timed repeats after a warm-up (the bench's own). For each source
 # `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
 # but the environment and the kernels' evidence) must be equal. A cProfile of the "after" bench closes.
+# THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out.
 # Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
 set -u
 : "${OUT:?}"
@@ -84,8 +85,10 @@ PY
   log "profile $name rc=$?"
 }
 
-for code in before after; do side "$code" qwen3 --synthetic qwen3-1.7b --rows 512; done
-compare qwen3
+if [ "${THROUGHPUT_PRESET:-1}" = 1 ]; then
+  for code in before after; do side "$code" qwen3 --synthetic qwen3-1.7b --rows 512; done
+  compare qwen3
+fi
 if [ "${THROUGHPUT_SYNTHETIC:-1}" = 1 ]; then
   for code in before after; do side "$code" smollm2-full --synthetic smollm2-135m-full --rows 512; done
   compare smollm2-full
@@ -107,4 +110,4 @@ else
   log "no SmolLM2 capture in $W/capture (both GGUF parts are needed): the capture is left out"
   [ "${THROUGHPUT_SYNTHETIC:-1}" = 1 ] && profile smollm2-full --synthetic smollm2-135m-full
 fi
-profile qwen3 --synthetic qwen3-1.7b
+[ "${THROUGHPUT_PRESET:-1}" = 1 ] && profile qwen3 --synthetic qwen3-1.7b
