@@ -84,11 +84,13 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
                       counts: list[int], cap: int = DIFFERENCE_CAP) -> list[Differences]:
     """`differing_elements` of a batch of units at once: outputs, difference masks and ulp distances [B, M, N], and
     each unit's number of differing elements (`counts`); the first `cap` of each unit in row-major order."""
+    import torch  # torch: only when computing
+
     from alibi.exact.numerics import bits  # torch: only when computing
 
     B, N = differs.shape[0], differs.shape[-1]
     flat = differs.reshape(B, -1)
-    listed = (flat & (flat.cumsum(1) <= cap)).nonzero()  # (unit, position) pairs, unit by unit, row-major
+    listed = (flat & (flat.cumsum(1, dtype=torch.int32) <= cap)).nonzero()  # (unit, position), row-major
     units, positions = listed[:, 0], listed[:, 1]
     a, b = out_a.reshape(B, -1)[units, positions], out_b.reshape(B, -1)[units, positions]
     width = 2 * out_a.element_size()  # hex digits of one element

@@ -33,12 +33,13 @@ Stage = Callable[[str], AbstractContextManager[None]]
 
 @dataclass
 class PreparedTile:
-    """A tile on the check device with what both regimes share: the exact accumulator (int8), and each arm's
-    exposed accumulator once a check has asked for it."""
+    """A tile on the check device with what both regimes share: the exact accumulator (int8), each arm's exposed
+    accumulator once a check has asked for it, and the tile under a regime where a batch computed it ahead."""
 
     tile: Tile
     acc: torch.Tensor | None
     exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    regimes: dict[str, Tile] = field(default_factory=dict)  # the tile under a regime, where computed ahead
 
 
 @dataclass
@@ -59,14 +60,13 @@ class UnitRun:
     evidence: dict[str, dict[str, Any]]
 
     def shape_key(self) -> tuple:
-        """What units must share to be judged as one batch."""
+        """What units must share to be judged as one batch (the operands are copies of the tile's, so its shape,
+        format, bias and scale layout fix theirs)."""
         t = self.tile
         exposed = tuple(None if x is None else tuple(x.shape) for x in (self.prepared.exposed.get("a"),
                                                                           self.prepared.exposed.get("b")))
         return (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape),
-                tuple(self.out_a.shape), tuple(self.out_b.shape), exposed,
-                tuple(None if v is None else (v.dtype, tuple(v.shape), v.device) for v in self.operands_a.values()),
-                tuple(None if v is None else (v.dtype, tuple(v.shape), v.device) for v in self.operands_b.values()))
+                tuple(self.out_a.shape), tuple(self.out_b.shape), exposed)
 
 
 def bias_handling(model: EpilogueModel | None) -> str | None:
@@ -135,9 +135,10 @@ def _where(flags: list[bool]) -> list[int]:
 
 
 def _take(batch: torch.Tensor, units: list[int]) -> torch.Tensor:
-    """The units `units` of a batch (the batch itself when that is all of them)."""
-    if len(units) == batch.shape[0]:
-        return batch
+    """The units `units` of a batch: a view when they are consecutive (the pipeline orders a batch's units by
+    regime, so the real-scale and the power-of-two units each are), else a copy."""
+    if units == list(range(units[0], units[-1] + 1)):
+        return batch[units[0]:units[-1] + 1]
     return batch[torch.tensor(units, device=batch.device)]
 
 
@@ -148,8 +149,8 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
 
 def _spread(values: torch.Tensor, units: list[int], B: int) -> torch.Tensor:
     """Values measured on the units `units` as a [B] tensor (zero elsewhere, never read there)."""
-    if len(units) == B:
-        return values
+    if units == list(range(units[0], units[-1] + 1)):
+        return torch.nn.functional.pad(values, (units[0], B - 1 - units[-1]))
     return torch.zeros(B, dtype=values.dtype, device=values.device).index_copy(
         0, torch.tensor(units, device=values.device), values)
 
@@ -270,17 +271,16 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
                         B: int) -> dict[str, torch.Tensor]:
     """M-invariance and run-to-run counts of the units in `indices` (those with invariance runs), as [B] tensors
     (zero elsewhere)."""
-    full = {"a": out_a[indices], "b": out_b[indices]}
-    at = torch.tensor(indices, device=out_a.device)
+    full = {"a": _take(out_a, indices), "b": _take(out_b, indices)}
     m = {}
     first = runs[indices[0]]
     for arm in ("a", "b"):
         for j, (rows, _) in enumerate(first.subsets[arm]):
             sub = torch.stack([runs[i].subsets[arm][j][1] for i in indices])
-            m[f"mi_{arm}_{j}"] = checks.count(~bitwise_equal_mask(sub, full[arm][:, rows]))
+            m[f"mi_{arm}_{j}"] = checks.count(~bitwise_equal_mask(sub, full[arm][:, rows[0]:rows[-1] + 1]))
         again = torch.stack([runs[i].again[arm] for i in indices])
         m[f"rr_{arm}"] = checks.count(~bitwise_equal_mask(full[arm], again))
-    return {k: torch.zeros(B, dtype=v.dtype, device=v.device).index_copy(0, at, v) for k, v in m.items()}
+    return {k: _spread(v, indices, B) for k, v in m.items()}
 
 
 def _causes(ma: EpilogueModel, mb: EpilogueModel, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,

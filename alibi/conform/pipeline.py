@@ -181,6 +181,7 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(self.STAGES, 0.0)
+        self.cuda = torch.cuda.is_available()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -188,7 +189,7 @@ class StageTimer:
         try:
             yield
         finally:
-            if torch.cuda.is_available():
+            if self.cuda:
                 torch.cuda.synchronize()
             self.seconds[name] += time.perf_counter() - t0
 
@@ -221,7 +222,7 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     (with invariance) also on the row subsets and a second time. Nothing is judged here (`alibi.conform.judge`)."""
     stage = timer.stage if timer else _untimed
     kernel_a, kernel_b = pair.a, pair.b
-    t = apply_regime(prepared.tile, regime)
+    t = prepared.regimes.get(regime) or apply_regime(prepared.tile, regime)
     dev = t.a_q.device
     with stage("io"):
         ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
@@ -304,7 +305,13 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     regime, result, evidence) as each batch is judged."""
     for batch in batches(tiles):
         prepared = {i: prepare(tile, device, timer) for i, tile, _ in batch}
-        work = [(i, prepared[i], regime) for i, _, regimes in batch for regime in regimes]
+        pow2 = [i for i, _, regimes in batch if "pow2" in regimes]
+        if pow2:  # every weight scale of the batch rounded at once (elementwise: each tile's own bits)
+            rounded = pow2_round(torch.stack([prepared[i].tile.s_w for i in pow2]), "nearest")
+            for k, i in enumerate(pow2):
+                prepared[i].regimes["pow2"] = prepared[i].tile.replace(s_w=rounded[k])
+        # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
+        work = [(i, prepared[i], regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
         done = evaluate_units(pair, [(prepared, regime) for _, prepared, regime in work], ulp_threshold=ulp_threshold,
                               invariance=invariance, timer=timer)
         for (i, _, regime), (unit, evidence) in zip(work, done, strict=True):

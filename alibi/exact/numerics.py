@@ -58,15 +58,15 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def ordered(x: torch.Tensor) -> torch.Tensor:
-    """Map floats to int64 so that numeric order equals integer order and ±0 coincide.
+    """Map floats to integers (int32 for formats of 16 bits or fewer, else int64, wide enough for any distance)
+    so that numeric order equals integer order and ±0 coincide.
 
     Positive patterns keep their value; a negative pattern `s|m` maps to `-m`. Adjacent
     representable values therefore differ by exactly 1, and the two zeros both map to 0.
     """
-    i = bits(x).to(torch.int64)
-    width = bits(x).dtype
-    sign = _SIGN_BIT[width]
-    magnitude = i & (sign - 1)
+    b = bits(x)
+    i = b.to(torch.int32 if b.element_size() <= 2 else torch.int64)
+    magnitude = i & (_SIGN_BIT[b.dtype] - 1)
     return torch.where(i < 0, -magnitude, magnitude)
 
 
@@ -75,8 +75,7 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"cannot compare {a.dtype}{list(a.shape)} with {b.dtype}{list(b.shape)}")
     finite = torch.isfinite(a) & torch.isfinite(b)
-    d = (ordered(a) - ordered(b)).abs()
-    return torch.where(finite, d, torch.full_like(d, -1))
+    return torch.where(finite, (ordered(a) - ordered(b)).abs(), -1)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class Kernel:
             raise InputError(f"kernel {self.name!r} handles {', '.join(self.formats)} tiles; "
                              f"tile {tile.name!r} is {tile.fmt}")
         dev = self.torch_device()
-        ops = {k: (None if v is None else v.to(dev)) for k, v in operands(tile).items()}
+        ops = {k: (v if v is None or v.device == dev else v.to(dev)) for k, v in operands(tile).items()}
         with raised_as_kernel_failure(self.name, tile.name):
             out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
             ev = self.evidence() if evidence else {}

@@ -8,7 +8,10 @@ alibi calls that op (bitsandbytes' own dispatch picks the backend). What each ba
 * CUDA (`kdequant_mm_int32_fp16`): `half(fmaf(float(acc)·row·col, 6.200012e-05f, bias))`, left to right,
   bias read as fp16 (0 when absent), output fp16 only (other dtypes are the fp16 result cast again):
   model `a_then_w+fma+absmax_stats*6.20001229e-05`. cuBLASLt int8 for the accumulator (exact), except
-  K not a multiple of 4: an fp32 matmul (`lda % 4 != 0` fallback).
+  K not a multiple of 4: an fp32 matmul (`lda % 4 != 0` fallback). The kernel flushes fp32 intermediates
+  below 2⁻¹²⁶ to zero, as a fast-math build does (`cuda_flushed_epilogue`): on the subnormal-outputs tile in
+  fp16 (products of about 2⁻¹³⁰) the H100 gave 1 element of 1,152 that differs from the model, where the
+  model's −0 came out +0 (`fmaf(−0·c, +0)`); flushing predicts exactly that one element (2026-12-06).
 * CPU (the `default` backend): `(acc · (row·col)) · 6.200124e-05` in fp32, `+= bias` in fp32, then the
   cast: model `product_first+add_before_cast+absmax_stats*6.20012434e-05`. Note the constant: the CUDA
   kernel's is 1/127² (6.2000124e-05 rounded), the CPU backend's 6.200124e-05 is 1.8·10⁻⁵ larger —
@@ -37,7 +40,7 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError, KernelUnavailable
-from alibi.exact.emulator import ABSMAX_LEVELS, EpilogueModel
+from alibi.exact.emulator import ABSMAX_LEVELS, EpilogueModel, fma_f32
 from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 
@@ -47,6 +50,21 @@ CUDA_CONSTANT = 6.200012e-05    # MM_DEQUANT_CONST in csrc/kernels.cu
 CPU_CONSTANT = 6.200124e-05     # backends/default/ops.py
 BNB_CUDA = EpilogueModel("a_then_w", "fma", statistics=CUDA_CONSTANT)
 BNB_CPU = EpilogueModel("product_first", "add_before_cast", statistics=CPU_CONSTANT)
+
+
+def cuda_flushed_epilogue(model: EpilogueModel, acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor,
+                          out_dtype: torch.dtype) -> torch.Tensor:
+    """The CUDA kernel's arithmetic where fp32 intermediates fall below 2⁻¹²⁶ (module docstring): the statistics
+    epilogue `model` (a_then_w, no bias: the kernel's fmaf adds +0) with every fp32 intermediate flushed to a
+    zero of its sign. Elsewhere it equals `apply_epilogue(model, ...)`."""
+    def flush(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x.abs() < torch.finfo(torch.float32).tiny, torch.copysign(torch.zeros_like(x), x), x)
+
+    row = flush(s_a.to(torch.float32).reshape(-1, 1) * ABSMAX_LEVELS)
+    col = flush(s_w.to(torch.float32).reshape(1, -1) * ABSMAX_LEVELS)
+    y = flush(flush(acc.to(torch.float32) * row) * col)
+    c = torch.tensor(model.statistics, dtype=torch.float32, device=y.device)
+    return flush(fma_f32(y, c, torch.zeros_like(y))).to(out_dtype)
 
 
 def bnb_version() -> str | None:

@@ -36,6 +36,7 @@ of time on any machine with nvcc, with or without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from pathlib import Path
@@ -204,6 +205,14 @@ class CutlassLibrary:
         return acc, {"config": ran.value, "config_name": self.describe(ran.value), **padding}
 
 
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """`torch.cuda.device(device)`, or nothing to do when it is the current device already (the common case, and
+    a switch costs more than the launch's own Python)."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 def check_operands(name: str, a_q: torch.Tensor, w_q: torch.Tensor, dtype: torch.dtype) -> None:
     if a_q.dtype != dtype or w_q.dtype != dtype:
         raise InputError(f"kernel {name!r} takes {dtype} operands, got {a_q.dtype} and {w_q.dtype}")
@@ -248,7 +257,7 @@ class CutlassKernel(Kernel):
             raise InputError(f"kernel {self.name!r}: out_dtype must be bfloat16 or float16, got {out_dtype}")
         if bias is not None and tuple(bias.shape) != (w_q.shape[0],):
             raise InputError(f"kernel {self.name!r}: bias must have shape [{w_q.shape[0]}], got {list(bias.shape)}")
-        with torch.cuda.device(a_q.device):
+        with on_device(a_q.device):
             self._ran = self.library()
             out, info = self._ran.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype, config)
         self.last_run = {"op": "scaled_mm", **info}
@@ -258,7 +267,7 @@ class CutlassKernel(Kernel):
         """The accumulator (int32 for int8, fp32 for fp8) of the mainloop configuration `scaled_mm` uses,
         so for fp8 it is summed in the same order."""
         check_operands(self.name, a_q, w_q, self.operand_dtype)
-        with torch.cuda.device(a_q.device):
+        with on_device(a_q.device):
             self._ran = self.library()
             acc, info = self._ran.accumulate(a_q, w_q, config)
         self.last_run = {"op": "accumulate", **info}

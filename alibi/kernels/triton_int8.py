@@ -72,6 +72,7 @@ kernel, `faulty_scaled_mm_kernel`, so `scaled_mm_kernel` itself stays exactly as
 """
 
 import contextlib
+import functools
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -449,7 +450,14 @@ def interpreted() -> bool:
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
-    return None if interpreted() else tuple(torch.cuda.get_device_capability(device))
+    return None if interpreted() else _device_capability(device.index if device.index is not None
+                                                         else torch.cuda.current_device())
+
+
+@functools.cache
+def _device_capability(index: int) -> tuple[int, int]:
+    """A GPU's compute capability, asked once per device (it is asked before every launch)."""
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def _scale_stride(scale: torch.Tensor, rows: int, label: str) -> int:

@@ -16,6 +16,13 @@
 #        A5-triton_fma, analysis/h200/determinism.sh); the SmolLM2 capture and the matrix over it; the
 #        teacher-forced flips of torchao-int8 against vllm-cutlass (ecosystem.sh, parts capture flips)
 #
+#   bash analysis/h200/ecosystem_chain.sh gputests  carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,
+#        cutlass_include.tar.xz,src.tar.gz}: the ecosystem GPU tests and the kernel contract over every GPU kernel
+#        (GPUTESTS_PARTS, default "identify fp8": with the fp8 matrix)
+#   bash analysis/h200/ecosystem_chain.sh throughput  carry gpu_payload/{src.tar.gz,src-before.tar.gz} and what
+#        analysis/h200/throughput.sh needs: `alibi bench conform` before and after (issue 23 item 4)
+#   bash analysis/h200/ecosystem_chain.sh stash     carry one GGUF part: kept in /tmp/alibi for the next call
+#
 # The GGUF is split unevenly (head -c 45000000 for part aa, tail -c +45000001 for part ab) so that each call stays under
 # the 64 MiB a call carries with the checkout (analysis/results left out of the travelling tree).
 # Results: $OUT/<stage>.tgz and $OUT/<stage>-summary.txt (at most 8 files come back from a call).
@@ -74,8 +81,10 @@ case $STAGE in
   gputests)  # carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz,src.tar.gz}:
              # the fp8 matrix, the ecosystem GPU tests and the kernel contract over every GPU kernel
     bash analysis/h200/vllm.sh --unpack || exit 1
-    ECO_PARTS="identify fp8" ECO_IDENTIFY=" " bash analysis/h200/ecosystem.sh
+    ECO_PARTS="${GPUTESTS_PARTS:-identify fp8}" ECO_IDENTIFY=" " bash analysis/h200/ecosystem.sh
     finish ;;
+  stash)  # carry one GGUF part (and src.tar.gz): kept in /tmp/alibi for a later call
+    stamp "kept the carried GGUF parts in $W" ;;
   throughput)  # issue 23 item 4: carry gpu_payload/{src.tar.gz,src-before.tar.gz} (+ the CUTLASS libraries where
                # no earlier call left them, + a GGUF part): analysis/h200/throughput.sh
     bash analysis/h200/throughput.sh
@@ -101,5 +110,5 @@ case $STAGE in
     mkdir -p "$OUT/a5"
     for f in "$OUT"/variations-*; do [ -e "$f" ] && mv "$f" "$OUT/a5/"; done
     finish a5 ;;
-  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices, gputests, throughput)"; exit 2 ;;
+  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices, gputests, throughput, stash)"; exit 2 ;;
 esac

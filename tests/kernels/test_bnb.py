@@ -10,10 +10,22 @@ pytest.importorskip("bitsandbytes", reason="the bnb extra is not installed (pip 
 from alibi.conform.pipeline import apply_regime  # noqa: E402
 from alibi.controls.identify import identify  # noqa: E402
 from alibi.errors import InputError  # noqa: E402
-from alibi.exact.emulator import EpilogueModel, run_model  # noqa: E402
-from alibi.exact.numerics import bitwise_equal, bitwise_equal_mask  # noqa: E402
-from alibi.kernels.bnb import BNB_CPU, BNB_CUDA, statistics, with_exact_statistics  # noqa: E402
+from alibi.exact.emulator import (  # noqa: E402
+    EpilogueModel,
+    apply_epilogue,
+    exact_accumulator,
+    run_model,
+)
+from alibi.exact.numerics import bits, bitwise_equal, bitwise_equal_mask  # noqa: E402
+from alibi.kernels.bnb import (  # noqa: E402
+    BNB_CPU,
+    BNB_CUDA,
+    cuda_flushed_epilogue,
+    statistics,
+    with_exact_statistics,
+)
 from alibi.kernels.registry import get_kernel  # noqa: E402
+from alibi.tiles.exposing import subnormal_outputs_tile  # noqa: E402
 from alibi.tiles.synthetic import synthetic_tiles  # noqa: E402
 
 
@@ -78,3 +90,21 @@ def test_the_cpu_and_cuda_backends_declare_different_constants_and_the_differenc
     tile = probe[0].replace(out_dtype=torch.float16, bias=None)
     same_order = EpilogueModel(BNB_CPU.order, BNB_CPU.bias, statistics=BNB_CUDA.statistics)
     assert int((~bitwise_equal_mask(run_model(BNB_CPU, tile), run_model(same_order, tile))).sum()) > 0
+
+
+def test_the_cuda_kernels_flushed_arithmetic_differs_from_its_model_only_where_an_fp32_intermediate_is_subnormal():
+    """`cuda_flushed_epilogue` (what the H100 gave on the subnormal-outputs tile) equals the declared CUDA model on
+    tiles whose intermediates are normal, and on the subnormal-outputs tile differs in exactly the one element
+    whose product of about 2⁻¹³⁰ the model rounds to −0 and the flushing kernel to +0."""
+    def differing(tile):
+        t = with_exact_statistics(tile.replace(out_dtype=torch.float16))
+        acc = exact_accumulator(t.a_q, t.w_q)
+        model = apply_epilogue(BNB_CUDA, acc, t.s_a, t.s_w, None, torch.float16)
+        flushed = cuda_flushed_epilogue(BNB_CUDA, acc, t.s_a, t.s_w, torch.float16)
+        return (bits(model) != bits(flushed)).nonzero().tolist(), model, flushed
+
+    for tile in synthetic_tiles("smollm2-135m", seed=1, M=16):
+        assert differing(tile)[0] == []
+    where, model, flushed = differing(subnormal_outputs_tile())
+    assert where == [[22, 21]]
+    assert torch.signbit(model[22, 21]) and not torch.signbit(flushed[22, 21]) and float(model[22, 21]) == 0.0

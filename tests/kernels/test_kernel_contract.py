@@ -28,7 +28,8 @@ Deliberate exceptions, each asserted, none skipped silently:
   operand, vllm-cpu-onednn's int16 pairs saturate on CPUs without VNNI (activations ≤ 0 there; the saturation
   itself is pinned in test_vllm_cpu.py);
 * documented deviations are held to the arithmetic documented instead (`known_deviation`): vllm-cpu-onednn's
-  bf16 cast truncates with AVX2 alone and flushes subnormal results with AVX-512 BF16, and bitsandbytes' CPU
+  bf16 cast truncates with AVX2 alone and flushes subnormal results with AVX-512 BF16, bitsandbytes' CUDA
+  dequantization flushes fp32 intermediates below 2⁻¹²⁶ (cells without a bias), and bitsandbytes' CPU
   accumulator (an fp32 matmul) rounds partial sums beyond 2²⁴ without AVX-512;
 * the registered mutants (`mutant:...`, positive controls declaring their base's model) are wrong on purpose:
   each runs only on the tile `FAULTS[fault].exposed_by` names and must differ from its declared model there,
@@ -245,6 +246,13 @@ def known_deviation(kernel: Kernel, tile: Tile) -> tuple[str, Callable] | None:
                 return torch.where(is_subnormal(out), zero, out)
             return ("oneDNN's fp32→bf16 cast flushes subnormal results to signed zero with AVX-512 BF16 "
                     "(alibi/kernels/vllm_cpu.py)"), flushed
+    if kernel.name == "bnb-int8" and kernel.torch_device().type == "cuda" and tile.bias is None:
+        from alibi.kernels.bnb import cuda_flushed_epilogue
+
+        def flushed_intermediates(model, acc, result):
+            return cuda_flushed_epilogue(model, acc, tile.s_a, tile.s_w, tile.out_dtype)
+        return ("bitsandbytes' CUDA dequantization flushes fp32 intermediates below 2⁻¹²⁶ to zero "
+                "(alibi/kernels/bnb.py)"), flushed_intermediates
     if kernel.name == "bnb-int8" and tile.name == "fp32-partials" and kernel.device == "cpu" \
             and not torch.cpu._is_avx512_supported():
         def own_accumulator(model, acc, result):
