@@ -174,7 +174,7 @@ class FbgemmFp8RowKernel(Kernel):
         except importlib.metadata.PackageNotFoundError:
             installed = None
         ev["fbgemm"] = {"root": str(_MODULE.get("root")), "sha256": digests, "installed_version": installed,
-                        "release_by_digest": release, "pinned": PINNED_VERSION}
+                        "release_matching_sha256": release, "pinned": PINNED_VERSION}
         ev["last_run"] = dict(self.last_run)
         try:
             # deferred: keeps triton out of start-up

@@ -90,3 +90,19 @@ def test_the_cli_runs_a_plugin_kernel_installed_in_another_process(installed_plu
                           env={**os.environ, "PYTHONPATH": f"{installed_plugin}:{REPO}"})
     assert proc.returncode == 0, proc.stderr
     assert "acme-int8 (w_then_a+fma) vs emulator:w_then_a" in proc.stdout
+
+
+def test_every_kernels_evidence_is_a_valid_manifest_predicate_even_with_fbgemms_release_recognised(monkeypatch):
+    """Kernel evidence goes into every manifest's predicate, whose reader refuses a `*_digest` key that is not a
+    DigestSet: `alibi matrix` once wrote a manifest it could not read back, from FBGEMM's evidence naming the
+    release it recognised by sha256 under such a key."""
+    from alibi.governance.manifest import predicate_digest_problems
+    from alibi.kernels import fbgemm
+    from alibi.kernels.registry import get_kernel, kernel_names
+
+    known = next(iter(fbgemm.KNOWN_FP8_GEMM))
+    monkeypatch.setitem(fbgemm._MODULE, "digests", {"fp8_gemm.py": known})
+    monkeypatch.setitem(fbgemm._MODULE, "root", "/fbgemm")
+    evidence = {name: get_kernel(name).evidence() for name in kernel_names()}
+    assert evidence["fbgemm-fp8-row"]["fbgemm"]["release_matching_sha256"] == fbgemm.KNOWN_FP8_GEMM[known]
+    assert predicate_digest_problems(evidence, "evidence") == []
