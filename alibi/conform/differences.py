@@ -89,8 +89,12 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
     from alibi.exact.numerics import bits  # torch: only when computing
 
     B, N = differs.shape[0], differs.shape[-1]
-    flat = differs.reshape(B, -1)
-    listed = (flat & (flat.cumsum(1, dtype=torch.int32) <= cap)).nonzero()  # (unit, position), row-major
+    every = differs.reshape(B, -1).nonzero()  # (unit, position) of every differing element, unit by unit, row-major
+    first, start = [], 0  # the rows of `every` listed: each unit's first `cap`
+    for n in counts:
+        first.extend(range(start, start + min(n, cap)))
+        start += n
+    listed = every[torch.tensor(first, dtype=torch.int64, device=every.device)]
     units, positions = listed[:, 0], listed[:, 1]
     a, b = out_a.reshape(B, -1)[units, positions], out_b.reshape(B, -1)[units, positions]
     width = 2 * out_a.element_size()  # hex digits of one element
