@@ -208,6 +208,11 @@ def write_manifest(folder: str | os.PathLike, kind: str, predicate: Mapping[str,
     except (TypeError, ValueError) as exc:
         raise InputError(f"{root / MANIFEST_NAME}: the predicate is not plain JSON ({exc}); "
                          "pass strings, numbers, booleans, lists and dicts only") from None
+    # What `read_manifest` would refuse is never written: a manifest nobody can read back pins nothing.
+    problems = statement_problems(json.loads(text))
+    if problems:
+        raise InputError(f"{root / MANIFEST_NAME}: not written, it would not read back: {problems[0]} (a key "
+                         "ending in `digest` holds {\"sha256\": <64 hex>} or null; rename any other)")
     return atomic.write_text(root / MANIFEST_NAME, text)
 
 

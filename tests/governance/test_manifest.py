@@ -111,8 +111,10 @@ def test_a_malformed_subject_digest_is_refused_naming_the_field(tmp_path):
 def test_a_malformed_predicate_digest_is_refused_naming_the_field(tmp_path):
     folder = _artifact(tmp_path / "art")
     predicate = build_predicate(treatment=treatment_of(get_kernel("emulator:w_then_a"), "a"))
-    predicate["treatment"]["kernel_build_digest"] = {"sha256": "12" * 31}
-    write_manifest(folder, "capture", predicate)
+    path = write_manifest(folder, "capture", predicate)
+    statement = json.loads(path.read_text())  # damaged after writing (the writer refuses to write it)
+    statement["predicate"]["treatment"]["kernel_build_digest"] = {"sha256": "12" * 31}
+    path.write_text(json.dumps(statement))
     with pytest.raises(InputError, match=r"field predicate.treatment.kernel_build_digest.sha256"):
         read_manifest(folder)
 
@@ -152,3 +154,15 @@ def test_an_input_must_be_pinned_by_a_digest(tmp_path):
     assert ok["inputs"]["prompts"]["digest"]["sha256"] == sha256_bytes(b'{"p": "hi"}\n')
     with pytest.raises(InputError, match="input 'prompts' must be a resource"):
         build_predicate(inputs={"prompts": {"name": "prompts.jsonl"}})
+
+
+def test_a_manifest_its_reader_would_refuse_is_not_written(tmp_path):
+    """`alibi matrix` once wrote a manifest whose kernel evidence held a version string under a `*_digest` key,
+    which `read_manifest` refuses: the writer now refuses it first, names the field, and writes nothing."""
+    (tmp_path / "result.json").write_text("{}")
+    predicate = {"arms": {"fbgemm-fp8-row": {"kernel_evidence": {"release_by_digest": "1.6.0"}}}}
+    with pytest.raises(InputError, match=r"not written, it would not read back: .*release_by_digest"):
+        write_manifest(tmp_path, "results", predicate)
+    assert not (tmp_path / "manifest.json").exists()
+    write_manifest(tmp_path, "results", {"arms": {"x": {"build_digest": {"sha256": "0" * 64}, "release": "1.6.0"}}})
+    assert read_manifest(tmp_path).subjects[0].name == "result.json"
