@@ -6,8 +6,11 @@ device, the exact accumulator and the headroom prediction — neither depends on
 regimes share them — and each arm's exposed accumulator when a check reads it. Per unit (one tile
 under one regime: real scales, or weight scales rounded to powers of two): both arms run on private
 copies of the operands, each arm's declared epilogue model runs on the exact accumulator, the two
-models predict where the arms must differ, and every check is applied (`evaluate_unit`). In the
-real regime each arm also runs on row subsets (M-invariance) and a second time (run-to-run).
+models predict where the arms must differ, and every check is applied. In the real regime each arm
+also runs on row subsets (M-invariance) and a second time (run-to-run). Units are computed in batches
+of tiles of one shape (`batches`): the arms of every unit of a batch run first (`run_unit`), then
+`alibi.conform.judge` applies every check to the whole batch at once; a unit's results are those it
+gets alone (`evaluate_unit` is a batch of one).
 
 The check device is the GPU when there is one: the exact accumulator is then one fp64 GEMM
 (cuBLAS DGEMM, exact for these integers and a different path from the int8 kernels under test) and
