@@ -30,8 +30,9 @@ __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fi
 # Every check is split in two: a measurement over tensors, and a verdict over the numbers it gave. A
 # measurement takes a batch, tensors [B, ...] holding one unit per leading index (the conformance pipeline
 # judges every unit of one shape at once, `alibi.conform.judge`), and returns per-unit values still on the
-# device; `numbers` brings all of a batch's values to the host in one transfer. The functions named after the
-# checks take one unit's tensors, as before, and run the same two halves on a batch of one.
+# device; `numbers` brings all of a batch's values to the host in one transfer. The checks that other callers
+# apply to a single unit (the matrix's self-checks, `alibi identify`, tests) keep a function named after the
+# check that takes one unit's tensors and runs the same two halves on a batch of one.
 
 def count(mask: torch.Tensor) -> torch.Tensor:
     """[B] int64: the True elements of each unit of a [B, ...] mask."""
@@ -205,6 +206,17 @@ def pow2_identity_measure(differs: torch.Tensor, s_w: torch.Tensor, reference_fp
 def pow2_identity_verdict(all_pow2: bool, int32_safe: bool, n: int, n_excluded: int, n_differing: int,
                           first: Callable[[], list[int] | None], *, bias: bool = False,
                           bias_modes: tuple[str | None, str | None] = (None, None)) -> Verdict:
+    """Fires when, under power-of-two weight scales, the outputs differ in any bit (the numbers of
+    `pow2_identity_measure`; `first` gives the first judged difference).
+
+    For finite normal results `rnd(x)·2ᵏ = rnd(x·2ᵏ)`, so every scale order gives the same fp32
+    and the outputs must be bitwise equal. Elements whose exact epilogue value is subnormal or
+    overflows are excluded (commutation fails there), and are counted in the evidence.
+    Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap, and —
+    with a bias — unless both arms declare the same bias handling: the identity is about scale
+    orders; a fused bias and a bias added after the cast round differently whatever the scales,
+    and those differences are judged against the declared models (check predicted-differences).
+    """
     if not all_pow2:
         return inapplicable("pow2-identity", "weight scales are not all powers of two (real-scale regime)")
     if not int32_safe:
@@ -222,27 +234,6 @@ def pow2_identity_verdict(all_pow2: bool, int32_safe: bool, n: int, n_excluded: 
     return passed("pow2-identity", "outputs bitwise equal under power-of-two scales", evidence=ev)
 
 
-def pow2_identity(comparison: OutputComparison, s_w: torch.Tensor, int32_safe: bool,
-                  reference_fp32: torch.Tensor | None, *, bias: bool = False,
-                  bias_modes: tuple[str | None, str | None] = (None, None)) -> Verdict:
-    """Fires when, under power-of-two weight scales, the outputs differ in any bit (`comparison`: the arms'
-    outputs compared, `compare_outputs`).
-
-    For finite normal results `rnd(x)·2ᵏ = rnd(x·2ᵏ)`, so every scale order gives the same fp32
-    and the outputs must be bitwise equal. Elements whose exact epilogue value is subnormal or
-    overflows are excluded (commutation fails there), and are counted in the evidence.
-    Inapplicable unless every weight scale is a power of two and the accumulator cannot wrap, and —
-    with a bias — unless both arms declare the same bias handling: the identity is about scale
-    orders; a fused bias and a bias added after the cast round differently whatever the scales,
-    and those differences are judged against the declared models (`predicted_differences`).
-    """
-    measured, judged = pow2_identity_measure(_one(comparison.differs), _one(s_w), _one(reference_fp32))
-    (m,) = numbers(measured)
-    return pow2_identity_verdict(bool(m["all_pow2"]), int32_safe, comparison.n_elements, int(m["n_excluded"]),
-                                 int(m["n_differing"]), lambda: first_mismatch(judged[0]), bias=bias,
-                                 bias_modes=bias_modes)
-
-
 # Significand bits (with the implicit one) of the output dtypes: an element whose exact value lies
 # below 2^-p of the tile's largest exact |value| is "near zero" — its value is of the size of one
 # rounding step of the large outputs, so cancellation (a bias against the product) can move it
@@ -252,7 +243,7 @@ SIGNIFICAND_BITS = {"bfloat16": 8, "float16": 11}
 
 @dataclass(frozen=True)
 class NearZero:
-    """The near-zero split of one unit (see `near_zero`): floor, elements below it, how many of them
+    """The near-zero split of one unit (`near_zero_measure`): floor, elements below it, how many of them
     differ, and the ulp / relative statistics over the elements above it."""
 
     floor: float | None
@@ -299,18 +290,6 @@ def near_zero_result(m: dict[str, float], out_dtype: str) -> NearZero:
     return NearZero(math.ldexp(m["top"], -SIGNIFICAND_BITS[out_dtype]), int(m["n_near_zero"]),
                     int(m["n_differing_near_zero"]), optional_int(m["max_ulp_above_floor"]),
                     rel if rel != -math.inf else (0.0 if m["any_above"] else None))
-
-
-def near_zero(out_a: torch.Tensor, out_b: torch.Tensor, comparison: OutputComparison, exact: torch.Tensor | None,
-              out_dtype: str) -> tuple[NearZero, torch.Tensor | None]:
-    """Split one unit's differences at the near-zero floor of its exact values `exact` (fp64 [M,N]); `comparison`
-    is the two outputs compared (`compare_outputs`). Returns the split and the near-zero mask (None with no
-    exact values)."""
-    if exact is None or exact.numel() == 0:
-        return NO_NEAR_ZERO, None
-    top, near = near_zero_mask(exact.unsqueeze(0), out_dtype)
-    (m,) = numbers(near_zero_measure(*map(_one, (out_a, out_b, comparison.differs, comparison.ulp, exact)), top, near))
-    return near_zero_result(m, out_dtype), near[0]
 
 
 def real_scale_tolerance_measure(ulp: torch.Tensor, differs: torch.Tensor, threshold: int,
@@ -476,8 +455,13 @@ def predicted_differences_measure(observed: torch.Tensor, predicted: torch.Tenso
 
 def predicted_differences_verdict(m: dict[str, float] | None, first: Callable[[], list[int] | None],
                                   why_not: str = "", cause: str | None = None) -> Verdict:
-    """The predicted-differences check from a unit's `predicted_differences_measure` numbers (None: no prediction,
-    `why_not` says why)."""
+    """Fires when the elements where the arms differ are not exactly those where their declared models do.
+
+    m: the numbers of `predicted_differences_measure` over the observed mask (elements whose bits differ between
+    the arms) and the predicted one (where the two declared models applied to the exact accumulator differ);
+    None: inapplicable, `why_not` says why. A difference the models do not predict is a finding of its own, and so is
+    a predicted difference that did not happen.
+    """
     if m is None:
         return inapplicable("predicted-differences", why_not)
     ev = {"n_predicted": int(m["n_predicted"]), "n_observed": int(m["n_observed"]),
@@ -493,23 +477,17 @@ def predicted_differences_verdict(m: dict[str, float] | None, first: Callable[[]
                   f"({ev['n_predicted']} elements; cause: {cause})", evidence=ev)
 
 
-def predicted_differences(observed: torch.Tensor, predicted: torch.Tensor | None, why_not: str = "",
-                          cause: str | None = None) -> Verdict:
-    """Fires when the elements where the arms differ are not exactly those where their declared models do.
-
-    observed: the [M,N] mask of elements whose bits differ between the arms; predicted: the mask
-    where the two declared models applied to the exact accumulator differ (None: inapplicable,
-    `why_not` says why). A difference the models do not predict is a finding of its own, and so is
-    a predicted difference that did not happen.
-    """
-    if predicted is None:
-        return predicted_differences_verdict(None, lambda: None, why_not)
-    m, wrong = predicted_differences_measure(_one(observed), _one(predicted))
-    return predicted_differences_verdict(numbers(m)[0], lambda: first_mismatch(wrong[0]), why_not, cause)
-
-
-def m_invariance_verdict(sizes: list[int], bad: dict[str, list[dict[str, Any]]]) -> Verdict:
-    """M-invariance from the sub-batch sizes run and, per arm, the sub-batches whose rows differed."""
+def m_invariance_verdict(counts: dict[str, list[tuple[list[int], int]]]) -> Verdict:
+    """M-invariance from, per arm, each sub-batch run (its row indices) and how many of its outputs differed from
+    the same rows of the full tile."""
+    if not any(counts.values()):
+        return inapplicable("m-invariance", "no sub-batches were run")
+    sizes = sorted({len(rows) for runs in counts.values() for rows, _ in runs})
+    bad: dict[str, Any] = {}
+    for arm, runs in counts.items():
+        for rows, n in runs:
+            if n:
+                bad.setdefault(arm, []).append({"M": len(rows), "rows": [rows[0], rows[-1]], "n_differing": n})
     ev = {"sub_batch_sizes": sizes, **({"violations": bad} if bad else {})}
     if bad:
         return fired("m-invariance", "row outputs depend on the batch: arm(s) " + ", ".join(sorted(bad)),
@@ -518,23 +496,11 @@ def m_invariance_verdict(sizes: list[int], bad: dict[str, list[dict[str, Any]]])
                    evidence=ev)
 
 
-def sub_batch_violation(rows: list[int], n_differing: int) -> dict[str, Any]:
-    return {"M": len(rows), "rows": [rows[0], rows[-1]], "n_differing": n_differing}
-
-
 def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
     """Fires when a row computed inside a smaller M (1, 4, 16 rows, various positions) differs from the same row
     computed inside the full tile. `subsets[arm]` holds (row indices, output rows) pairs."""
-    if not any(subsets.values()):
-        return inapplicable("m-invariance", "no sub-batches were run")
-    bad: dict[str, Any] = {}
-    sizes = sorted({len(rows) for runs in subsets.values() for rows, _ in runs})
-    for arm, runs in subsets.items():
-        for rows, out in runs:
-            n = int((~bitwise_equal_mask(out, full[arm][rows])).sum())
-            if n:
-                bad.setdefault(arm, []).append(sub_batch_violation(rows, n))
-    return m_invariance_verdict(sizes, bad)
+    return m_invariance_verdict({arm: [(rows, int((~bitwise_equal_mask(out, full[arm][rows])).sum()))
+                                       for rows, out in runs] for arm, runs in subsets.items()})
 
 
 def run_to_run_verdict(arms: list[str], bad: dict[str, int]) -> Verdict:

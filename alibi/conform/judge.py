@@ -62,11 +62,15 @@ class UnitRun:
     def shape_key(self) -> tuple:
         """What units must share to be judged as one batch (the operands are copies of the tile's, so its shape,
         format, bias and scale layout fix theirs)."""
-        t = self.tile
         exposed = tuple(None if x is None else tuple(x.shape) for x in (self.prepared.exposed.get("a"),
                                                                           self.prepared.exposed.get("b")))
-        return (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape),
-                tuple(self.out_a.shape), tuple(self.out_b.shape), exposed)
+        return (*tile_key(self.tile), tuple(self.out_a.shape), tuple(self.out_b.shape), exposed)
+
+
+def tile_key(t: Tile) -> tuple:
+    """What tiles must share for their units to stack into one batch: format, shape, output dtype, bias presence
+    and scale layout."""
+    return (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape))
 
 
 def bias_handling(model: EpilogueModel | None) -> str | None:
@@ -134,10 +138,14 @@ def _where(flags: list[bool]) -> list[int]:
     return [i for i, flag in enumerate(flags) if flag]
 
 
+def _consecutive(units: list[int]) -> bool:
+    return units == list(range(units[0], units[-1] + 1))
+
+
 def _take(batch: torch.Tensor, units: list[int]) -> torch.Tensor:
     """The units `units` of a batch: a view when they are consecutive (the pipeline orders a batch's units by
     regime, so the real-scale and the power-of-two units each are), else a copy."""
-    if units == list(range(units[0], units[-1] + 1)):
+    if _consecutive(units):
         return batch[units[0]:units[-1] + 1]
     return batch[torch.tensor(units, device=batch.device)]
 
@@ -149,7 +157,7 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
 
 def _spread(values: torch.Tensor, units: list[int], B: int) -> torch.Tensor:
     """Values measured on the units `units` as a [B] tensor (zero elsewhere, never read there)."""
-    if units == list(range(units[0], units[-1] + 1)):
+    if _consecutive(units):
         return torch.nn.functional.pad(values, (units[0], B - 1 - units[-1]))
     return torch.zeros(B, dtype=values.dtype, device=values.device).index_copy(
         0, torch.tensor(units, device=values.device), values)
@@ -213,7 +221,8 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         m: dict[str, torch.Tensor] = {"n_differing": checks.count(differs), "max_ulp": checks.largest(ulp)}
         masks: dict[str, torch.Tensor] = {}
         if int8:
-            a_q, w_q = torch.stack([r.prepared.tile.a_q for r in runs]), torch.stack([r.prepared.tile.w_q for r in runs])
+            a_q = torch.stack([r.prepared.tile.a_q for r in runs])
+            w_q = torch.stack([r.prepared.tile.w_q for r in runs])
             m.update(max_abs_acc=max_abs_acc, a_has_min=checks.anywhere(a_q == -128),
                      w_has_min=checks.anywhere(w_q == -128))
             expected_acc = acc32
@@ -223,7 +232,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
                     m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
         for key in sorted(OPERANDS):
             a, b = _stack([r.operands_a[key] for r in runs]), _stack([r.operands_b[key] for r in runs])
-            if a is None and b is None and all(r.operands_a[key] is None and r.operands_b[key] is None for r in runs):
+            if a is None and b is None:  # a batch's tiles all have the operand or all lack it (`tile_key`)
                 continue
             differ = checks.operands_differ(a, b)
             m[f"operands_{key}"] = (torch.ones(B, dtype=torch.bool, device=differs.device) if differ is True
@@ -386,18 +395,11 @@ def _accumulator_verdict(run: UnitRun, i: int, v: dict[str, float], masks: dict[
 
 
 def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
-    if not any(run.subsets.values()):
-        m_inv = checks.inapplicable("m-invariance", "no sub-batches were run")
-    else:
-        bad: dict[str, Any] = {}
-        for arm in ("a", "b"):
-            for j, (rows, _) in enumerate(run.subsets[arm]):
-                if v[f"mi_{arm}_{j}"]:
-                    bad.setdefault(arm, []).append(checks.sub_batch_violation(rows, int(v[f"mi_{arm}_{j}"])))
-        sizes = sorted({len(rows) for runs in run.subsets.values() for rows, _ in runs})
-        m_inv = checks.m_invariance_verdict(sizes, bad)
+    counts = {arm: [(rows, int(v[f"mi_{arm}_{j}"])) for j, (rows, _) in enumerate(run.subsets[arm])]
+              for arm in ("a", "b")}
     again = {arm: int(v[f"rr_{arm}"]) for arm in ("a", "b")}
-    return [m_inv, checks.run_to_run_verdict(["a", "b"], {arm: n for arm, n in again.items() if n})]
+    return [checks.m_invariance_verdict(counts),
+            checks.run_to_run_verdict(["a", "b"], {arm: n for arm, n in again.items() if n})]
 
 
-__all__ = ["PreparedTile", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge"]
+__all__ = ["PreparedTile", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge", "tile_key"]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from alibi.conform import checks
-from alibi.conform.judge import PreparedTile, UnitRun, judge
+from alibi.conform.judge import PreparedTile, UnitRun, judge, tile_key
 from alibi.conform.results import (
     Equivalence,
     KernelRecord,
@@ -291,7 +291,7 @@ def batches(tiles: list[tuple[int, Tile, list[str]]]) -> list[list[tuple[int, Ti
     sizes: dict[tuple, int] = {}
     for item in tiles:
         _, t, regimes = item
-        key = (t.fmt, t.M, t.N, t.K, t.out_dtype, t.bias is None, tuple(t.s_a.shape), tuple(t.s_w.shape))
+        key = tile_key(t)
         size = t.M * t.N * len(regimes)
         if key not in current or sizes[key] + size > BATCH_ELEMENTS:
             current[key], sizes[key] = [], 0

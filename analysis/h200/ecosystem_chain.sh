@@ -74,8 +74,11 @@ case $STAGE in
              # src.tar.gz} with a travelling tree of analysis/h200 alone (the code runs from src.tar.gz)
     bash analysis/h200/vllm.sh --unpack || exit 1
     # first, alone on the GPU: where conform's time goes (issue 23 item 4), then the matrices and GPU tests
-    mkdir -p "$OUT/profile"; timeout 120 python analysis/h200/profile_conform.py "$OUT/profile" > "$OUT/profile.log" 2>&1; stamp "profile rc=$?"
-    mv "$OUT/profile.log" "$OUT/profile/" 2>/dev/null
+    mkdir -p "$OUT/profile"
+    for preset in qwen3-1.7b smollm2-135m-full; do
+      timeout 120 python analysis/h200/profile_conform.py "$OUT/profile/$preset.txt" cutlass triton cuda \
+        --synthetic "$preset" >> "$OUT/profile/profile.log" 2>&1; stamp "profile $preset rc=$?"
+    done
     ECO_PARTS="identify synthetic fp8" ECO_IDENTIFY="torchao-int-scaled-mm" bash analysis/h200/ecosystem.sh
     finish profile ;;
   gputests)  # carry gpu_payload/{vllm,ecosystem,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz,src.tar.gz}:

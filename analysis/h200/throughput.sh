@@ -62,26 +62,8 @@ PY
 }
 profile() {  # NAME SOURCE_ARGS...: cProfile of the after bench (one timed run)
   local name=$1; shift
-  (cd "$AFTER_DIR" && timeout "$LIMIT" python - "$R/profile-$name.txt" "$KA" "$KB" "${DEVICE:-cuda}" "$@" \
-     > "$R/profile-$name.log" 2>&1 <<'PY'
-import cProfile, io, pstats, sys
-from alibi.conform.bench import bench_conform, format_table
-from alibi.conform.pipeline import choose_pair, source_from_dir, source_from_preset
-out, ka, kb, device, kind, value = sys.argv[1:7]
-source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
-pair = choose_pair(ka, kb)
-bench_conform(pair, source, devices=[device], repeats=1)
-profile = cProfile.Profile()
-profile.enable()
-result = bench_conform(pair, source, devices=[device], repeats=1)
-profile.disable()
-text = io.StringIO()
-text.write(format_table(result) + "\n\n")
-for key in ("tottime", "cumulative"):
-    pstats.Stats(profile, stream=text).sort_stats(key).print_stats(40)
-open(out, "w").write(text.getvalue())
-PY
-  )
+  (cd "$AFTER_DIR" && timeout "$LIMIT" python analysis/h200/profile_conform.py "$R/profile-$name.txt" "$KA" "$KB" \
+     "${DEVICE:-cuda}" "$@" > "$R/profile-$name.log" 2>&1)
   log "profile $name rc=$?"
 }
 
