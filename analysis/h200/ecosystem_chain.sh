@@ -21,6 +21,8 @@
 #        (GPUTESTS_PARTS, default "identify fp8": with the fp8 matrix)
 #   bash analysis/h200/ecosystem_chain.sh throughput  carry gpu_payload/{src.tar.gz,src-before.tar.gz} and what
 #        analysis/h200/throughput.sh needs: `alibi bench conform` before and after (issue 23 item 4)
+#   bash analysis/h200/ecosystem_chain.sh profile   carry gpu_payload/{src.tar.gz} and the CUTLASS libraries:
+#        analysis/h200/profile_conform.py --cuda on the Qwen3 preset and the SmolLM2 shapes
 #   bash analysis/h200/ecosystem_chain.sh stash     carry one GGUF part: kept in /tmp/alibi for the next call
 #
 # The GGUF is split unevenly (head -c 45000000 for part aa, tail -c +45000001 for part ab) so that each call stays under
@@ -86,6 +88,14 @@ case $STAGE in
     bash analysis/h200/vllm.sh --unpack || exit 1
     ECO_PARTS="${GPUTESTS_PARTS:-identify fp8}" ECO_IDENTIFY=" " bash analysis/h200/ecosystem.sh
     finish ;;
+  profile)  # carry gpu_payload/{src.tar.gz,alibi_cache.tar.xz,kernel-pins.json,cutlass_include.tar.xz}: where conform's
+            # time goes on the GPU (cProfile, torch.profiler, untimed walls) on the Qwen3 preset and the SmolLM2 shapes
+    mkdir -p "$OUT/profile" "$OUT/ecosystem"
+    for preset in qwen3-1.7b smollm2-135m-full; do
+      timeout 240 python analysis/h200/profile_conform.py "$OUT/profile/$preset.txt" cutlass triton cuda \
+        --synthetic "$preset" --cuda >> "$OUT/profile/profile.log" 2>&1; stamp "profile $preset rc=$?"
+    done
+    finish profile ;;
   stash)  # carry one GGUF part (and src.tar.gz): kept in /tmp/alibi for a later call
     stamp "kept the carried GGUF parts in $W" ;;
   throughput)  # issue 23 item 4: carry gpu_payload/{src.tar.gz,src-before.tar.gz} (+ the CUTLASS libraries where
@@ -113,5 +123,5 @@ case $STAGE in
     mkdir -p "$OUT/a5"
     for f in "$OUT"/variations-*; do [ -e "$f" ] && mv "$f" "$OUT/a5/"; done
     finish a5 ;;
-  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices, gputests, throughput, stash)"; exit 2 ;;
+  *) echo "unknown stage $STAGE (vllm, kernels, model, matrices, gputests, throughput, profile, stash)"; exit 2 ;;
 esac
