@@ -33,15 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     what = p.add_subparsers(dest="bench_what", metavar="conform", required=False)
     c = what.add_parser("conform", help="time the conformance pipeline itself, split by stage",
                         description="Run `alibi conform`'s pipeline in one process: once to warm up, then REPEATS "
-                                    "times, with wall time split into kernels, exact reference, checks and I/O, "
-                                    "per check device. Default: the Qwen3-1.7B preset at M = 512.")
+                                    "plain runs (the wall time and throughput reported) and REPEATS staged runs "
+                                    "(wall time split into kernels, exact reference, checks and I/O), per check "
+                                    "device. Default: the Qwen3-1.7B preset at M = 512.")
     c.add_argument("--kernel-a", help="first kernel (default: the default conform pair)")
     c.add_argument("--kernel-b", help="second kernel")
     src = c.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of tile .safetensors files")
     src.add_argument("--synthetic", metavar="PRESET", default=None, help="synthetic preset (default qwen3-1.7b)")
     c.add_argument("--rows", type=int, help="M of the synthetic preset (default 512)")
-    c.add_argument("--repeats", type=int, default=3, help="timed runs per check device (default 3; the median is reported)")
+    c.add_argument("--repeats", type=int, default=3, help="plain and staged runs per check device (default 3 of each; medians are reported)")
     c.add_argument("--check-devices", default=None,
                    help="where the reference and checks run, comma-separated: cuda, cpu (default: cuda,cpu with a "
                         "GPU, else cpu)")

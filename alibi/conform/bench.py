@@ -2,11 +2,14 @@
 
 A benchmark, not a timed test: one process runs `run_conformance` on the same pair and tiles, once to
 warm up (kernel builds, Triton compilation, CUDA context, cuBLAS handles — all outside the timing),
-then `repeats` times with a `StageTimer` that splits wall time into the kernels (every launch, the
-accumulator, M-invariance and reruns included), the exact reference (accumulator GEMM, epilogue
-models, fp64 exact values), the checks, and I/O (operand copies and transfers). Throughput is output
-elements (M·N summed over units) per second of total wall time. Tile generation or reading is
-outside the timing (it happens once, before).
+then `repeats` plain runs and `repeats` staged runs per check device. A plain run is what `alibi conform`
+pays: its wall time (`wall`) is the throughput reported, output elements (M·N summed over units) per
+second. A staged run carries a `StageTimer`, which splits wall time into the kernels (every launch, the
+accumulator, M-invariance and reruns included), the exact reference (accumulator GEMM, epilogue models,
+fp64 exact values), the checks, and I/O (operand copies and transfers); timing a GPU stage needs a
+synchronize at its end, which stops the host from queueing work ahead of the GPU, so a staged run is slower
+than a plain one (`staged`, reported beside it; the stage split is the staged runs' median). Tile
+generation or reading is outside the timing (it happens once, before).
 
 Each check device given (`cuda`, `cpu`) runs the whole pipeline; the verdict and every unit's counts
 must be the same on all of them — the result records whether they are (`identical_results`), so the
@@ -24,21 +27,37 @@ from alibi.conform.results import ReportVerdict
 from alibi.governance.environment import environment_record
 from alibi.io.typed import TypedResult
 
-SCHEMA = "alibi.bench-conform/v1"
+SCHEMA = "alibi.bench-conform/v2"
+V1 = "alibi.bench-conform/v1"  # one kind of run, staged: its wall is v2's `staged`
+
+
+@dataclass(frozen=True)
+class Wall:
+    """The wall time of repeated runs: the median in seconds, the spread (min, max), and output elements per second
+    at the median."""
+
+    seconds: float
+    spread: tuple[float, float]
+    elements_per_s: float
+
+
+def wall(totals: list[float], elements: int) -> Wall:
+    median = statistics.median(totals)
+    return Wall(median, (min(totals), max(totals)), elements / median)
 
 
 @dataclass(frozen=True)
 class DeviceTiming:
-    """One check device: median seconds per stage and in total over the repeats, the spread of the total,
-    output elements per second (at the median total), and the exact-reference path that ran."""
+    """One check device: the wall of the plain runs (`wall`: what `alibi conform` pays, None in a v1 result, which
+    had none) and of the staged runs (`staged`), the median seconds per stage over the staged runs, and the
+    exact-reference path that ran."""
 
     check_device: str
     reference_path: str
     repeats: int
+    wall: Wall | None
+    staged: Wall
     stage_seconds: dict[str, float]
-    total_seconds: float
-    total_spread: tuple[float, float]
-    elements_per_s: float
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,7 @@ class ConformBench(TypedResult):
     per-unit results compared across the devices (`n_differing`, `identical_results`)."""
 
     SCHEMA = SCHEMA
+    READS = (V1,)
     JSON_INDENT = 2
     REMEDY = "re-run `alibi bench conform`"
 
@@ -61,6 +81,29 @@ class ConformBench(TypedResult):
     timings: tuple[DeviceTiming, ...]
     environment: dict[str, Any]
     schema: str = SCHEMA
+
+    @classmethod
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        """A v1 result's timings (staged runs only, their wall flat in the timing) in v2's layout, `wall` None."""
+        if doc.get("schema") == V1 and isinstance(doc.get("timings"), list):
+            doc["timings"] = [_v1_timing(t) if isinstance(t, dict) else t for t in doc["timings"]]
+        return doc
+
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """As stored: a result read from v1 goes back in v1's layout."""
+        if doc["schema"] == V1:
+            doc["timings"] = [{"check_device": t["check_device"], "reference_path": t["reference_path"],
+                               "repeats": t["repeats"], "stage_seconds": t["stage_seconds"],
+                               "total_seconds": t["staged"]["seconds"], "total_spread": t["staged"]["spread"],
+                               "elements_per_s": t["staged"]["elements_per_s"]} for t in doc["timings"]]
+        return doc
+
+
+def _v1_timing(t: dict[str, Any]) -> dict[str, Any]:
+    flat = ("total_seconds", "total_spread", "elements_per_s")
+    return {**{k: v for k, v in t.items() if k not in flat}, "wall": None,
+            "staged": {"seconds": t.get("total_seconds"), "spread": t.get("total_spread"),
+                       "elements_per_s": t.get("elements_per_s")}}
 
 
 def reference_path(device: str) -> str:
@@ -88,26 +131,38 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
     from alibi.conform.pipeline import StageTimer, run_conformance, source_from_tiles
 
     warm = source_from_tiles(source.tiles[:1], "warm-up")
+    cuda = torch.cuda.is_available()
     timings, reports = [], []
     for device in devices:
         run_conformance(pair, warm, regimes, device=device)
-        totals, stages = [], []
-        for i in range(repeats):
-            timer = StageTimer()
-            if torch.cuda.is_available():
+
+        def timed(timer, device=device):
+            if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             report = run_conformance(pair, source, regimes, device=device, timer=timer)
-            totals.append(time.perf_counter() - t0)
+            if cuda:
+                torch.cuda.synchronize()
+            return report, time.perf_counter() - t0
+
+        plain, staged, stages = [], [], []
+        for i in range(repeats):
+            report, seconds = timed(None)
+            plain.append(seconds)
+            if progress:
+                progress(f"{device} plain run {i + 1}/{repeats}: {seconds:.3f} s")
+        for i in range(repeats):
+            timer = StageTimer()
+            report, seconds = timed(timer)
+            staged.append(seconds)
             stages.append(timer.seconds)
             if progress:
-                progress(f"{device} repeat {i + 1}/{repeats}: {totals[-1]:.3f} s")
+                progress(f"{device} staged run {i + 1}/{repeats}: {seconds:.3f} s")
         reports.append(report)
-        total = statistics.median(totals)
         elements = sum(u.n_elements for u in report.tiles)
-        timings.append(DeviceTiming(device, reference_path(device), repeats,
-                                    {k: statistics.median(s[k] for s in stages) for k in StageTimer.STAGES},
-                                    total, (min(totals), max(totals)), elements / total))
+        timings.append(DeviceTiming(device, reference_path(device), repeats, wall(plain, elements),
+                                    wall(staged, elements),
+                                    {k: statistics.median(s[k] for s in stages) for k in StageTimer.STAGES}))
     first = reports[0]
     return ConformBench(pair.a.name, pair.b.name, source.record, len(first.tiles),
                         sum(u.n_elements for u in first.tiles), first.verdict,
@@ -117,18 +172,22 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
 
 
 def format_table(result: ConformBench) -> str:
-    lines = [f"alibi bench conform: {result.kernel_a} vs {result.kernel_b} on {result.source.get('label')}: "
-             f"{result.units} units, {result.output_elements:,} output elements, verdict {result.verdict}",
-             f"  {'check device':<12} {'total s':>8} {'kernels':>8} {'reference':>9} {'checks':>7} {'io':>7} "
-             f"{'M elem/s':>9}  spread s"]
+    """The plain runs' wall and throughput (what `alibi conform` pays), then the staged runs' wall and its split."""
+    lines = [(f"alibi bench conform: {result.kernel_a} vs {result.kernel_b} on {result.source.get('label')}: "
+              f"{result.units} units, {result.output_elements:,} output elements, verdict {result.verdict}"),
+             (f"  {'check device':<12} {'wall s':>7} {'M elem/s':>9} {'spread s':>13}   {'staged s':>8} "
+              f"{'M elem/s':>9} {'kernels':>8} {'reference':>9} {'checks':>7} {'io':>7}")]
     for t in result.timings:
-        s = t.stage_seconds
-        lines.append(f"  {t.check_device:<12} {t.total_seconds:8.3f} {s['kernels']:8.3f} {s['reference']:9.3f} "
-                     f"{s['checks']:7.3f} {s['io']:7.3f} {t.elements_per_s / 1e6:9.1f}  "
-                     f"{t.total_spread[0]:.3f}–{t.total_spread[1]:.3f}")
+        s, w = t.stage_seconds, t.wall
+        plain = (f"{w.seconds:7.3f} {w.elements_per_s / 1e6:9.1f} {w.spread[0]:6.3f}–{w.spread[1]:.3f}" if w
+                 else f"{'–':>7} {'–':>9} {'–':>13}")
+        lines.append(f"  {t.check_device:<12} {plain}   {t.staged.seconds:8.3f} {t.staged.elements_per_s / 1e6:9.1f} "
+                     f"{s['kernels']:8.3f} {s['reference']:9.3f} {s['checks']:7.3f} {s['io']:7.3f}")
+    lines.append("  wall: plain runs, as `alibi conform` runs; staged: runs split by stage, each stage synchronized "
+                 "at its end")
     lines.append("  same verdict and per-unit counts on every check device: "
                  + ("yes" if result.identical_results else "NO"))
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMA", "ConformBench", "DeviceTiming", "bench_conform", "format_table"]
+__all__ = ["SCHEMA", "V1", "ConformBench", "DeviceTiming", "Wall", "bench_conform", "format_table"]

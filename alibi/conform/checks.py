@@ -14,15 +14,29 @@ epilogue model bit for bit catches every one of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
+from alibi.conform.verdict import (
+    CHECKS,
+    DEFAULT_ULP_THRESHOLD,
+    EXACT,
+    Verdict,
+    combine,
+    fired,
+    inapplicable,
+    passed,
+)
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, is_pow2, ulp_distance
+from alibi.exact.numerics import (
+    OutputComparison,
+    bitwise_equal_mask,
+    is_pow2,
+    ulp_distance,
+)
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -51,15 +65,35 @@ def anywhere(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], -1).any(1)
 
 
-def numbers(measured: dict[str, torch.Tensor]) -> list[dict[str, float]]:
-    """A batch's measured values on the host in one transfer: per unit, name → float (float64 holds every count,
-    ulp distance, |accumulator| and exact value measured here exactly)."""
+def numbers(measured: dict[str, torch.Tensor], on: dict[str, list[int]] | None = None) -> list[dict[str, float]]:
+    """A batch's measured values ([B] tensors, one value per unit) on the host in one transfer: per unit, name →
+    float (float64 holds every count, ulp distance, |accumulator| and exact value measured here exactly), in the
+    order of `measured`.
+
+    on: for a value measured on some of the units only, their indices (its tensor holds one value per such unit,
+    in that order); the other units' dicts do not have it. The values are gathered by device and dtype, so a
+    batch costs a few concatenations and casts, not one per value."""
     if not measured:
         return []
-    names = list(measured)
-    device = measured[names[0]].device
-    table = torch.stack([measured[n].to(device, torch.float64) for n in names]).cpu().tolist()
-    return [dict(zip(names, unit, strict=True)) for unit in zip(*table, strict=True)]
+    on = on or {}
+    groups: dict[tuple, list[str]] = {}
+    for name, values in measured.items():
+        groups.setdefault((values.device, values.dtype), []).append(name)
+    device = measured[next(iter(measured))].device
+    order = [name for group in groups.values() for name in group]
+    flat = torch.cat([torch.cat([measured[n] for n in group]).to(device, torch.float64)
+                      for group in groups.values()]).cpu().tolist()
+    found: dict[str, list[float]] = {}
+    start = 0
+    for name in order:
+        n = measured[name].numel()
+        found[name], start = flat[start:start + n], start + n
+    B = max(len(found[name]) for name in measured if name not in on)
+    units: list[dict[str, float]] = [{} for _ in range(B)]
+    for name in measured:
+        for i, x in zip(on.get(name, range(B)), found[name], strict=True):
+            units[i][name] = x
+    return units
 
 
 def optional_int(x: float) -> int | None:

@@ -23,8 +23,21 @@ import torch
 from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
-from alibi.exact.emulator import INT32_LIMIT, EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
-from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
+from alibi.exact.emulator import (
+    INT32_LIMIT,
+    EpilogueModel,
+    Prediction,
+    apply_epilogue,
+    int32_wrap,
+    prediction,
+)
+from alibi.exact.numerics import (
+    bitwise_equal_mask,
+    compare_outputs,
+    dtype_name,
+    is_pow2,
+    is_subnormal,
+)
 from alibi.kernels.base import OPERANDS
 from alibi.tiles.tile import Tile
 
@@ -155,14 +168,6 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
     return {i: mask[k] for k, i in enumerate(units)}
 
 
-def _spread(values: torch.Tensor, units: list[int], B: int) -> torch.Tensor:
-    """Values measured on the units `units` as a [B] tensor (zero elsewhere, never read there)."""
-    if _consecutive(units):
-        return torch.nn.functional.pad(values, (units[0], B - 1 - units[-1]))
-    return torch.zeros(B, dtype=values.dtype, device=values.device).index_copy(
-        0, torch.tensor(units, device=values.device), values)
-
-
 def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
           invariance: bool = True) -> list[UnitResult]:
     """Every check of every unit in `runs` (module docstring); runs whose tiles differ in shape, format or what
@@ -219,6 +224,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         comparison = compare_outputs(out_a, out_b)
         differs, ulp = comparison.differs, comparison.ulp
         m: dict[str, torch.Tensor] = {"n_differing": checks.count(differs), "max_ulp": checks.largest(ulp)}
+        on: dict[str, list[int]] = {}  # the units of a value measured on some of them only (`checks.numbers`)
         masks: dict[str, torch.Tensor] = {}
         if int8:
             a_q = torch.stack([r.prepared.tile.a_q for r in runs])
@@ -246,20 +252,21 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             if expected is not None:
                 em, masks[f"em_{arm}"] = checks.epilogue_model_measure(out, expected)
                 m.update({f"em_{arm}_{k}": v for k, v in em.items()})
-        if int8 and not uses_statistics(ma, mb):
-            m["pow2_all_pow2"] = torch.zeros(B, dtype=torch.bool, device=differs.device)
-            if pow2_units:
-                p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), _take(s_w, pow2_units),
-                                                          reference_fp32)
-                masks["pow2"] = _spread_mask(judged, pow2_units)
-                m.update({f"pow2_{k}": _spread(v, pow2_units, B) for k, v in p2.items()})
+        if pow2_units:
+            p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), _take(s_w, pow2_units),
+                                                      reference_fp32)
+            masks["pow2"] = _spread_mask(judged, pow2_units)
+            m.update({f"pow2_{k}": v for k, v in p2.items()})
+            on.update(dict.fromkeys((f"pow2_{k}" for k in p2), pow2_units))
         if real_units:
             near_units = _take(differs, real_units), _take(ulp, real_units)
             top, near = checks.near_zero_mask(exact, dtype_name(dtype))
-            m.update({f"nz_{k}": _spread(v, real_units, B) for k, v in checks.near_zero_measure(
-                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()})
-            m.update({f"rt_{k}": _spread(v, real_units, B) for k, v in checks.real_scale_tolerance_measure(
+            measured = {f"nz_{k}": v for k, v in checks.near_zero_measure(
+                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()}
+            measured.update({f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(
                 near_units[1], near_units[0], ulp_threshold, near).items()})
+            m.update(measured)
+            on.update(dict.fromkeys(measured, real_units))
         elif any(real):  # fp8: no exact values, no near-zero split
             m.update({f"rt_{k}": v for k, v in
                       checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, None).items()})
@@ -268,8 +275,10 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         m["subnormal_scales"] = checks.count(is_subnormal(s_a)) + checks.count(is_subnormal(s_w))
         invariance_runs = [i for i, r in enumerate(runs) if r.subsets is not None]
         if invariance_runs:
-            m.update(_invariance_measure(runs, invariance_runs, out_a, out_b, B))
-        values = checks.numbers(m)
+            measured = _invariance_measure(runs, invariance_runs, out_a, out_b)
+            m.update(measured)
+            on.update(dict.fromkeys(measured, invariance_runs))
+        values = checks.numbers(m, on)
         differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
         causes = _causes(ma, mb, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values) if predicted is not None \
             else [None] * B
@@ -279,10 +288,10 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
                 for i in range(B)]
 
 
-def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Tensor, out_b: torch.Tensor,
-                        B: int) -> dict[str, torch.Tensor]:
-    """M-invariance and run-to-run counts of the units in `indices` (those with invariance runs), as [B] tensors
-    (zero elsewhere)."""
+def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Tensor, out_b: torch.Tensor
+                        ) -> dict[str, torch.Tensor]:
+    """M-invariance and run-to-run counts of the units in `indices` (those with invariance runs), one per such
+    unit."""
     full = {"a": _take(out_a, indices), "b": _take(out_b, indices)}
     m = {}
     first = runs[indices[0]]
@@ -292,7 +301,7 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
             m[f"mi_{arm}_{j}"] = checks.count(~bitwise_equal_mask(sub, full[arm][:, rows[0]:rows[-1] + 1]))
         again = torch.stack([runs[i].again[arm] for i in indices])
         m[f"rr_{arm}"] = checks.count(~bitwise_equal_mask(full[arm], again))
-    return {k: _spread(v, indices, B) for k, v in m.items()}
+    return m
 
 
 def _causes(ma: EpilogueModel, mb: EpilogueModel, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,
@@ -340,7 +349,7 @@ def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torc
         checks.lossless_fp32_entry(pred),
         _accumulator_verdict(run, i, v, masks, accumulators) if int8 else
         checks.inapplicable("exact-accumulator", "no exact reference (not an int8 tile)"),
-        checks.pow2_identity_verdict(bool(v["pow2_all_pow2"]), pred.int32_safe, t.M * t.N,
+        checks.pow2_identity_verdict(bool(v.get("pow2_all_pow2", 0)), pred.int32_safe, t.M * t.N,
                                      int(v.get("pow2_n_excluded", 0)), int(v.get("pow2_n_differing", 0)),
                                      _first(masks, "pow2", i), bias=t.bias is not None,
                                      bias_modes=(bias_handling(ma), bias_handling(mb)))

@@ -23,7 +23,12 @@ from pathlib import Path
 import torch
 
 from alibi.conform.bench import bench_conform, format_table
-from alibi.conform.pipeline import choose_pair, run_conformance, source_from_dir, source_from_preset
+from alibi.conform.pipeline import (
+    choose_pair,
+    run_conformance,
+    source_from_dir,
+    source_from_preset,
+)
 
 out, kernel_a, kernel_b, device, kind, value = sys.argv[1:7]
 cuda = "--cuda" in sys.argv[7:]
@@ -51,10 +56,10 @@ if cuda:
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - t0)
     wall = statistics.median(walls)
-    lines = [f"untimed runs (no stage timer), 5: median {wall:.4f} s, {elements / wall / 1e6:.1f} M el/s; "
-             f"all {', '.join(f'{w:.4f}' for w in walls)}"]
+    lines = [(f"untimed runs (no stage timer), 5: median {wall:.4f} s, {elements / wall / 1e6:.1f} M el/s; "
+              f"all {', '.join(f'{w:.4f}' for w in walls)}")]
     # diagnostic: the same without the synchronize after every kernel launch (`Kernel.run`), timed on the stream
-    import alibi.kernels.base as base
+    from alibi.kernels import base
     stream = torch.cuda.current_stream()
     synchronize, base.torch.cuda.synchronize = torch.cuda.synchronize, lambda *a: None
     try:

@@ -12,7 +12,9 @@
 # itself (210 tiles, window 0 of wikipedia-8x512, captured with triton; 420 units). Pair cutlass vs triton, check
 # device cuda, both regimes and every check, 3 timed repeats after a warm-up (the bench's own). For each source
 # `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
-# but the environment and the kernels' evidence) must be equal. A cProfile of the "after" bench closes.
+# but the environment and the kernels' evidence) must be equal. Then the plain walls (no stage timer: what a user's
+# `alibi conform` pays) of both commits by one driver, analysis/h200/wall_conform.py, 5 runs each, before and after
+# in turn twice. A cProfile of the "after" bench closes.
 # THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out.
 # Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
 set -u
@@ -37,11 +39,22 @@ side() {
   local s; s=$(date +%s)
   (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi bench conform --kernel-a "$KA" --kernel-b "$KB" \
      "$@" --repeats 3 --check-devices "${DEVICE:-cuda}" --quiet --out "$R/bench-$code-$name.json" > "$R/bench-$code-$name.txt" 2>&1)
-  log "bench   $code $name rc=$? $(( $(date +%s) - s ))s: $(grep -E "^  ${DEVICE:-cuda} " "$R/bench-$code-$name.txt")"
+  log "bench   $code $name rc=$? $(( $(date +%s) - s ))s: $(grep -E "^  ${DEVICE:-cuda} " "$R/bench-$code-$name.txt" | tr -s ' ')"
   s=$(date +%s)
   (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi conform --kernel-a "$KA" --kernel-b "$KB" "$@" \
      --quiet --out "$R/conform-$code-$name" > "$R/conform-$code-$name.txt" 2>&1)
   log "conform $code $name rc=$? $(( $(date +%s) - s ))s"
+}
+wall() {  # SOURCE_NAME SOURCE_ARGS...: plain walls (no stage timer) of both commits, by one driver, twice in turn
+  local name=$1; shift
+  for round in 1 2; do
+    for code in before after; do
+      local dir=$AFTER_DIR; [ "$code" = before ] && dir=$BEFORE_DIR
+      (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python "$AFTER_DIR/analysis/h200/wall_conform.py" "$KA" "$KB" \
+         "${DEVICE:-cuda}" 5 "$@" > "$R/wall-$code-$name-$round.txt" 2>&1)
+      log "wall    $code $name round $round rc=$?: $(tail -1 "$R/wall-$code-$name-$round.txt")"
+    done
+  done
 }
 compare() {  # the results of both commits' report.json on one source
   python - "$R/conform-before-$1/report.json" "$R/conform-after-$1/report.json" <<'PY' | tee -a "$R/steps.txt"
@@ -63,17 +76,19 @@ PY
 profile() {  # NAME SOURCE_ARGS...: cProfile of the after bench (one timed run)
   local name=$1; shift
   (cd "$AFTER_DIR" && timeout "$LIMIT" python analysis/h200/profile_conform.py "$R/profile-$name.txt" "$KA" "$KB" \
-     "${DEVICE:-cuda}" "$@" > "$R/profile-$name.log" 2>&1)
+     "${DEVICE:-cuda}" "$@" --cuda > "$R/profile-$name.log" 2>&1)
   log "profile $name rc=$?"
 }
 
 if [ "${THROUGHPUT_PRESET:-1}" = 1 ]; then
   for code in before after; do side "$code" qwen3 --synthetic qwen3-1.7b --rows 512; done
   compare qwen3
+  wall qwen3 --synthetic qwen3-1.7b
 fi
 if [ "${THROUGHPUT_SYNTHETIC:-1}" = 1 ]; then
   for code in before after; do side "$code" smollm2-full --synthetic smollm2-135m-full --rows 512; done
   compare smollm2-full
+  wall smollm2-full --synthetic smollm2-135m-full
 fi
 if [ ! -f "$W/capture/manifest.json" ] && [ -f "$W/smollm2.gguf.part-aa" ] && [ -f "$W/smollm2.gguf.part-ab" ]; then
   s=$(date +%s)
@@ -87,6 +102,7 @@ fi
 if [ -f "$W/capture/manifest.json" ]; then
   for code in before after; do side "$code" smollm2-capture --tiles "$W/capture"; done
   compare smollm2-capture
+  wall smollm2-capture --tiles "$W/capture"
   profile smollm2-capture --tiles "$W/capture"
 else
   log "no SmolLM2 capture in $W/capture (both GGUF parts are needed): the capture is left out"

@@ -1,22 +1,27 @@
-"""`alibi bench conform`: the pipeline's wall time split by stage, with the same results on every check device."""
+"""`alibi bench conform`: the wall of plain runs, the staged runs' wall split by stage, the same results on every check
+device."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from alibi.cli import main
-from alibi.conform.bench import ConformBench, bench_conform
+from alibi.conform.bench import ConformBench, bench_conform, format_table
 from alibi.conform.pipeline import Pair, StageTimer, run_conformance, source_from_preset
 from alibi.kernels.registry import get_kernel
 
 
-def test_the_stage_split_adds_up_to_no_more_than_the_wall_time_and_every_stage_ran():
+def test_the_stage_split_adds_up_to_no_more_than_the_staged_wall_and_every_stage_ran():
     pair = Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test")
     result = bench_conform(pair, source_from_preset("smollm2-135m-bias", rows=8), devices=["cpu"], repeats=2)
     (t,) = result.timings
     assert set(t.stage_seconds) == set(StageTimer.STAGES) and all(v > 0 for v in t.stage_seconds.values())
-    assert sum(t.stage_seconds.values()) <= t.total_seconds * 1.05  # the stages are parts of the run
-    assert t.total_spread[0] <= t.total_seconds <= t.total_spread[1]
+    assert sum(t.stage_seconds.values()) <= t.staged.seconds * 1.05  # the stages are parts of the run
+    for w in (t.wall, t.staged):
+        assert w.spread[0] <= w.seconds <= w.spread[1]
+        assert w.elements_per_s == pytest.approx(result.output_elements / w.seconds)
     tiles = source_from_preset("smollm2-135m-bias", rows=8).tiles
     assert result.units == 2 * len(tiles) and result.output_elements == 2 * sum(t.M * t.N for t in tiles)
     assert result.identical_results and result.verdict == "pass"
@@ -28,6 +33,23 @@ def test_timing_the_pipeline_does_not_change_its_report():
     plain = run_conformance(pair, source, created_at=None)
     timed = run_conformance(pair, source, created_at=None, timer=StageTimer())
     assert timed.to_json() == plain.to_json()
+
+
+V1_TIMING = {"check_device": "cuda", "reference_path": "fp64 GEMM on the GPU", "repeats": 3,
+             "stage_seconds": {"kernels": 0.02, "reference": 0.006, "checks": 0.03, "io": 0.01},
+             "total_seconds": 0.066, "total_spread": [0.065, 0.07], "elements_per_s": 317.7e6}
+
+
+def test_a_v1_result_reads_with_its_single_timing_as_the_staged_wall_and_no_plain_wall_and_writes_back_as_v1():
+    result = bench_conform(Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test"),
+                           source_from_preset("tiny"), devices=["cpu"], repeats=1)
+    doc = {**json.loads(result.to_json()), "schema": "alibi.bench-conform/v1", "timings": [V1_TIMING]}
+    old = ConformBench.from_json(json.dumps(doc, indent=2) + "\n")
+    (t,) = old.timings
+    assert old.schema == "alibi.bench-conform/v1" and t.wall is None
+    assert (t.staged.seconds, t.staged.spread, t.staged.elements_per_s) == (0.066, (0.065, 0.07), 317.7e6)
+    assert json.loads(old.to_json())["timings"] == [V1_TIMING]
+    assert "–" in format_table(old)  # no plain wall to show
 
 
 def test_the_cli_writes_a_result_that_reads_back_and_refuses_cuda_without_a_gpu(tmp_path, capsys):
