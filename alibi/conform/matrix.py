@@ -220,7 +220,9 @@ class RecordedKernel:
     def evidence(self) -> dict[str, Any]:
         return self.kernel.evidence()
 
-    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False, evidence: bool = True):
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False, evidence: bool = True,
+            wait: bool = True):
+        """The cached output for these operands, launched (and waited for, whatever `wait` says) at the first ask."""
         # deferred: keeps torch out of start-up
         from alibi.kernels.base import KernelOutput
 

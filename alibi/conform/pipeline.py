@@ -54,7 +54,7 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, private_copy
+from alibi.kernels.base import Kernel, operands, private_copy, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
@@ -222,7 +222,8 @@ def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
 def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True,
              timer: StageTimer | None = None) -> UnitRun:
     """Both arms on one prepared tile under one regime, each on a private copy of the operands; in the real regime
-    (with invariance) also on the row subsets and a second time. Nothing is judged here (`alibi.conform.judge`)."""
+    (with invariance) also on the row subsets and a second time. The launches are queued and waited for once, at the
+    end (`wait_for`). Nothing is judged here (`alibi.conform.judge`)."""
     stage = timer.stage if timer else _untimed
     kernel_a, kernel_b = pair.a, pair.b
     t = prepared.regimes.get(regime) or apply_regime(prepared.tile, regime)
@@ -232,8 +233,8 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     # An exposed accumulator does not depend on the scales: each arm exposes it once per tile.
     want = {arm: arm not in prepared.exposed for arm in ("a", "b")}
     with stage("kernels"):
-        run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True)
-        run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True)
+        run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True, wait=False)
+        run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True, wait=False)
     with stage("io"):
         for arm, run in (("a", run_a), ("b", run_b)):
             if want[arm]:
@@ -242,10 +243,12 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     subsets = again = None
     if regime == "real" and invariance:
         with stage("kernels"):
-            subsets = {arm: [(rows, k.run(sub_tile(t, rows), on_device=True, evidence=False).out.to(dev))
+            subsets = {arm: [(rows, k.run(sub_tile(t, rows), on_device=True, evidence=False, wait=False).out.to(dev))
                              for rows in sub_batches(t.M)] for arm, k in (("a", kernel_a), ("b", kernel_b))}
-            again = {arm: k.run(private_copy(t, k.torch_device()), on_device=True, evidence=False).out.to(dev)
-                     for arm, k in (("a", kernel_a), ("b", kernel_b))}
+            again = {arm: k.run(private_copy(t, k.torch_device()), on_device=True, evidence=False,
+                                wait=False).out.to(dev) for arm, k in (("a", kernel_a), ("b", kernel_b))}
+    with stage("kernels"):
+        wait_for([kernel_a, kernel_b], t.name)  # once per unit, not per launch (`Kernel.run`)
     return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
                    {"a": run_a.evidence, "b": run_b.evidence})
 

@@ -245,8 +245,8 @@ class Recorder(Kernel):
         return self.inner.evidence()
 
     def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
-            evidence: bool = True) -> KernelOutput:
-        result = self.inner.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
+            evidence: bool = True, wait: bool = True) -> KernelOutput:
+        result = self.inner.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence, wait=wait)
         self.launches.append((tile.name, result.out.cpu()))
         return result
 

@@ -135,7 +135,7 @@ class Kernel:
         return ev
 
     def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
-            evidence: bool = True) -> KernelOutput:
+            evidence: bool = True, wait: bool = True) -> KernelOutput:
         """Run on one tile: the operands go to the kernel's device (no copy when they are there already).
 
         accumulator: also launch the kernel's accumulator op (`KernelOutput.acc`, None when it exposes
@@ -143,7 +143,10 @@ class Kernel:
         launch's, taken right after the output was produced (before any accumulator launch).
         on_device: leave the output on the kernel's device (the conformance pipeline compares there);
         by default it comes back on the CPU. evidence=False skips recording it (for launches whose
-        output only a check compares, e.g. M-invariance subsets).
+        output only a check compares, e.g. M-invariance subsets). wait: on a GPU, wait for the launch to finish,
+        so that an error the device reports afterwards is raised here, naming this kernel and tile; False (with
+        on_device) leaves the launch queued, and the caller waits with `wait_for` (the conformance pipeline, once
+        per unit: a synchronization per launch costs more than a small tile's kernel).
         """
         self.require_available()
         if tile.fmt not in self.formats:
@@ -151,11 +154,11 @@ class Kernel:
                              f"tile {tile.name!r} is {tile.fmt}")
         dev = self.torch_device()
         ops = {k: (v if v is None or v.device == dev else v.to(dev)) for k, v in operands(tile).items()}
-        with raised_as_kernel_failure(self.name, tile.name):
+        with raised_as_kernel_failure(repr(self.name), tile.name):
             out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
             ev = self.evidence() if evidence else {}
             acc = self.accumulator(ops["a_q"], ops["w_q"]) if accumulator else None
-            if dev.type == "cuda":
+            if dev.type == "cuda" and (wait or not on_device):
                 torch.cuda.synchronize()
         if not on_device:
             out, acc = out.cpu(), (None if acc is None else acc.cpu())
@@ -163,17 +166,28 @@ class Kernel:
 
 
 @contextmanager
-def raised_as_kernel_failure(kernel: str, tile: str) -> Iterator[None]:
-    """Turn an exception a kernel raises while it runs into `KernelRaised` (exit 4), one line naming the kernel,
-    the tile and the error: a crash must not read as a finding (exit 1) or end in a traceback. A kernel's own
-    refusals (InputError, KernelUnavailable) and MemoryError keep their meaning and pass through."""
+def raised_as_kernel_failure(kernel: str, tile: str, *, when: str = "raised") -> Iterator[None]:
+    """Turn an exception a kernel raises while it runs into `KernelRaised` (exit 4), one line naming the kernel
+    (`kernel`: its name, or a phrase naming several), the tile and the error: a crash must not read as a finding
+    (exit 1) or end in a traceback. A kernel's own refusals (InputError, KernelUnavailable) and MemoryError keep
+    their meaning and pass through. when: what the kernel did, as the message says it."""
     try:
         yield
     except (InputError, KernelUnavailable, KernelRaised, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 - any other exception of third-party code is the kernel's failure
-        raise KernelRaised(f"kernel {kernel!r} raised on tile {shown(tile)}: {type(exc).__name__}: "
+        raise KernelRaised(f"kernel {kernel} {when} on tile {shown(tile)}: {type(exc).__name__}: "
                            f"{one_line(str(exc))[:300]}") from exc
+
+
+def wait_for(kernels: list[Kernel], tile: str) -> None:
+    """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`. An error the device
+    reports now is one of theirs: `KernelRaised` names them all, since the device does not say which launch
+    failed (`alibi identify --kernel K` runs one alone)."""
+    if any(k.torch_device().type == "cuda" for k in kernels) and torch.cuda.is_available():
+        names = " or ".join(repr(name) for name in dict.fromkeys(k.name for k in kernels))
+        with raised_as_kernel_failure(names, tile, when="failed on the GPU (reported when waiting for its launches)"):
+            torch.cuda.synchronize()
 
 
 OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")

@@ -524,10 +524,11 @@ class MutantKernel(Kernel):
         return ev
 
     def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
-            evidence: bool = True) -> KernelOutput:
+            evidence: bool = True, wait: bool = True) -> KernelOutput:
         """Run the base on `tile` (after an operand fault, written into `tile` in place) and inject the
         fault. The fault is computed on a CPU copy when the operands sit on a GPU; the output comes back
-        on the CPU, or on the base's device with `on_device` (`Kernel.run`)."""
+        on the CPU, or on the base's device with `on_device` (`Kernel.run`). The base's launch is always waited
+        for (the fault is computed on its output), whatever `wait` says."""
         self.require_available()
         if tile.fmt not in self.formats:
             raise InputError(f"kernel {self.name!r} handles int8 tiles; tile {tile.name!r} is {tile.fmt}")

@@ -1,7 +1,8 @@
 """The wall time of plain `run_conformance` runs (no stage timer), measured the same way for any commit: the one
 figure both sides of a before/after comparison can give, whatever their own `alibi bench conform` reports (a
-commit before bench-conform/v2 timed staged runs only). Runs the code on PYTHONPATH: one warm-up run on the first
-tile, then REPEATS runs of the whole source, each between two synchronizations of the GPU; prints one line.
+commit before bench-conform/v2 timed staged runs only). Runs the code on PYTHONPATH: one warm-up run of the whole
+source (its wall printed too), then REPEATS runs of the whole source, each between two synchronizations of the GPU;
+prints one line.
 
     PYTHONPATH=SRC python analysis/h200/wall_conform.py KERNEL_A KERNEL_B DEVICE REPEATS (--synthetic PRESET | --tiles DIR)
 """
@@ -17,13 +18,16 @@ from alibi.conform.pipeline import (
     run_conformance,
     source_from_dir,
     source_from_preset,
-    source_from_tiles,
 )
 
 kernel_a, kernel_b, device, repeats, kind, value = sys.argv[1:7]
 source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
 pair = choose_pair(kernel_a, kernel_b)
-run_conformance(pair, source_from_tiles(source.tiles[:1], "warm-up"), device=device)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+run_conformance(pair, source, device=device)
+torch.cuda.synchronize()
+warmup = time.perf_counter() - t0
 walls = []
 for _ in range(int(repeats)):
     torch.cuda.synchronize()
@@ -34,4 +38,5 @@ for _ in range(int(repeats)):
 elements = sum(u.n_elements for u in report.tiles)
 median = statistics.median(walls)
 print(f"plain wall: {len(report.tiles)} units, {elements:,} elements, median {median:.4f} s, "
-      f"{elements / median / 1e6:.1f} M el/s over {repeats} runs ({', '.join(f'{w:.4f}' for w in walls)})")
+      f"{elements / median / 1e6:.1f} M el/s over {repeats} runs ({', '.join(f'{w:.4f}' for w in walls)}); "
+      f"warm-up {warmup:.4f} s")

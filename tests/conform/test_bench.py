@@ -19,6 +19,7 @@ def test_the_stage_split_adds_up_to_no_more_than_the_staged_wall_and_every_stage
     (t,) = result.timings
     assert set(t.stage_seconds) == set(StageTimer.STAGES) and all(v > 0 for v in t.stage_seconds.values())
     assert sum(t.stage_seconds.values()) <= t.staged.seconds * 1.05  # the stages are parts of the run
+    assert t.warmup_seconds > 0
     for w in (t.wall, t.staged):
         assert w.spread[0] <= w.seconds <= w.spread[1]
         assert w.elements_per_s == pytest.approx(result.output_elements / w.seconds)
@@ -46,7 +47,7 @@ def test_a_v1_result_reads_with_its_single_timing_as_the_staged_wall_and_no_plai
     doc = {**json.loads(result.to_json()), "schema": "alibi.bench-conform/v1", "timings": [V1_TIMING]}
     old = ConformBench.from_json(json.dumps(doc, indent=2) + "\n")
     (t,) = old.timings
-    assert old.schema == "alibi.bench-conform/v1" and t.wall is None
+    assert old.schema == "alibi.bench-conform/v1" and t.wall is None and t.warmup_seconds is None
     assert (t.staged.seconds, t.staged.spread, t.staged.elements_per_s) == (0.066, (0.065, 0.07), 317.7e6)
     assert json.loads(old.to_json())["timings"] == [V1_TIMING]
     assert "–" in format_table(old)  # no plain wall to show

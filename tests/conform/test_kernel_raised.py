@@ -72,3 +72,29 @@ def test_a_kernel_refusing_its_input_keeps_its_exit_code_2_not_4(tmp_path, capsy
 
 def test_a_raised_kernel_is_a_worker_failure_for_ci_not_a_finding():
     assert issubclass(KernelRaised, WorkerFailed) and KernelRaised.exit_code not in (0, 1, 2, 3)
+
+
+class OnTheGpu(Reference):
+    name = "on-the-gpu"
+    device = "cuda"
+
+
+def test_an_error_the_gpu_reports_when_the_pipeline_waits_names_both_kernels_of_the_unit(monkeypatch):
+    """The pipeline queues a unit's launches (`Kernel.run(wait=False)`) and waits once (`wait_for`): a device error
+    surfacing then is a KernelRaised naming every kernel that had launches queued, not a traceback."""
+    import torch
+
+    from alibi.kernels.base import wait_for
+
+    def sticky_error():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky_error)
+    gpu, cpu = OnTheGpu(), Reference()
+    with pytest.raises(KernelRaised) as raised:
+        wait_for([gpu, cpu], "layers.0.q_proj")
+    message = str(raised.value)
+    assert message.startswith("kernel 'on-the-gpu' or 'ref' failed on the GPU (reported when waiting")
+    assert "layers.0.q_proj" in message and "illegal memory access" in message and "\n" not in message
+    wait_for([cpu, cpu], "layers.0.q_proj")  # only CPU kernels: nothing queued, nothing to wait for
