@@ -54,7 +54,7 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, private_copy, wait_for
+from alibi.kernels.base import Kernel, operands, packed, private_copy, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
@@ -205,7 +205,7 @@ def _untimed(_name: str) -> Iterator[None]:
 def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -> PreparedTile:
     stage = timer.stage if timer else _untimed
     with stage("io"):
-        t = private_copy(tile, device)
+        t = packed(tile, device)  # one buffer: each arm's private copy is one copy (`private_copy`)
     with stage("reference"):
         return PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None)
 

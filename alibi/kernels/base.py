@@ -198,14 +198,56 @@ def operands(tile: Tile) -> dict[str, torch.Tensor | None]:
     return {k: getattr(tile, k) for k in OPERANDS}
 
 
+# Where `packed` places each operand in its buffer: at a multiple of this many bytes (every dtype's alignment, and the
+# 16 bytes vectorized kernels want).
+PACK_ALIGN = 256
+
+
+def _aligned_bytes(t: torch.Tensor) -> int:
+    return -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
+
+
+def packed(tile: Tile, device: torch.device | str) -> Tile:
+    """`tile` with its operands copied onto `device` into one buffer, each contiguous at an offset aligned to
+    `PACK_ALIGN` bytes: a private copy of it is then one copy of that buffer (`private_copy`), not one per operand."""
+    present = {k: v for k, v in operands(tile).items() if v is not None}
+    buffer = torch.empty(sum(_aligned_bytes(v) for v in present.values()), dtype=torch.uint8, device=device)
+    views, offset = {}, 0
+    for k, v in present.items():
+        views[k] = buffer[offset:offset + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+        views[k].copy_(v)
+        offset += _aligned_bytes(v)
+    return tile.replace(**views)
+
+
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
     """`tile` with every operand cloned (onto `device` when given): an arm that writes into its
-    inputs cannot change what the other arm, or a later check, sees."""
-    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
+    inputs cannot change what the other arm, or a later check, sees.
+
+    Operands that share one buffer which they fill between them (a `packed` tile's, or all but a regime's own
+    scales of one) are copied with one copy of the whole buffer, each keeping its place, shape and strides in the
+    copy; an operand alone in its buffer, or a view of a buffer much larger than the operands in it, is cloned
+    by itself."""
+    def copy(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True) if device is not None else t.clone()
-    return tile.replace(**{k: copy(v) for k, v in operands(tile).items()})
+
+    present = {k: v for k, v in operands(tile).items() if v is not None}
+    by_buffer: dict[tuple[torch.device, int], list[str]] = {}
+    for k, v in present.items():
+        by_buffer.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(k)
+    copies: dict[str, torch.Tensor] = {}
+    for keys in by_buffer.values():
+        storage = present[keys[0]].untyped_storage()
+        filled = sum(_aligned_bytes(present[k]) for k in keys)
+        if len(keys) == 1 or storage.nbytes() > filled + filled // 8:
+            copies.update((k, copy(present[k])) for k in keys)
+            continue
+        whole = copy(torch.empty(0, dtype=torch.uint8, device=present[keys[0]].device).set_(storage))
+        for k in keys:
+            v = present[k]
+            copies[k] = torch.empty(0, dtype=v.dtype, device=whole.device).set_(
+                whole.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+    return tile.replace(**copies)
 
 
 class UnavailableKernel(Kernel):
