@@ -146,30 +146,31 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
     from alibi.conform.pipeline import StageTimer, run_conformance
 
     cuda = torch.cuda.is_available()
+
+    def timed(device: str, timer: StageTimer | None):
+        """One run of the whole source and its wall, the GPU idle at both ends."""
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        report = run_conformance(pair, source, regimes, device=device, timer=timer)
+        if cuda:
+            torch.cuda.synchronize()
+        return report, time.perf_counter() - t0
+
     timings, reports = [], []
     for device in devices:
-
-        def timed(timer, device=device):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            report = run_conformance(pair, source, regimes, device=device, timer=timer)
-            if cuda:
-                torch.cuda.synchronize()
-            return report, time.perf_counter() - t0
-
-        warmup = timed(None)[1]
+        warmup = timed(device, None)[1]
         if progress:
             progress(f"{device} warm-up run: {warmup:.3f} s")
         plain, staged, stages = [], [], []
         for i in range(repeats):
-            report, seconds = timed(None)
+            report, seconds = timed(device, None)
             plain.append(seconds)
             if progress:
                 progress(f"{device} plain run {i + 1}/{repeats}: {seconds:.3f} s")
         for i in range(repeats):
             timer = StageTimer()
-            report, seconds = timed(timer)
+            report, seconds = timed(device, timer)
             staged.append(seconds)
             stages.append(timer.seconds)
             if progress:

@@ -20,23 +20,9 @@ from typing import Any
 
 import torch
 
-from alibi.conform.verdict import (
-    CHECKS,
-    DEFAULT_ULP_THRESHOLD,
-    EXACT,
-    Verdict,
-    combine,
-    fired,
-    inapplicable,
-    passed,
-)
+from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import (
-    OutputComparison,
-    bitwise_equal_mask,
-    is_pow2,
-    ulp_distance,
-)
+from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, is_pow2, ulp_distance
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -80,12 +66,11 @@ def numbers(measured: dict[str, torch.Tensor], on: dict[str, list[int]] | None =
     for name, values in measured.items():
         groups.setdefault((values.device, values.dtype), []).append(name)
     device = measured[next(iter(measured))].device
-    order = [name for group in groups.values() for name in group]
     flat = torch.cat([torch.cat([measured[n] for n in group]).to(device, torch.float64)
                       for group in groups.values()]).cpu().tolist()
     found: dict[str, list[float]] = {}
     start = 0
-    for name in order:
+    for name in (name for group in groups.values() for name in group):  # the order of `flat`
         n = measured[name].numel()
         found[name], start = flat[start:start + n], start + n
     B = max(len(found[name]) for name in measured if name not in on)

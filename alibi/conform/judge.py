@@ -23,21 +23,8 @@ import torch
 from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
-from alibi.exact.emulator import (
-    INT32_LIMIT,
-    EpilogueModel,
-    Prediction,
-    apply_epilogue,
-    int32_wrap,
-    prediction,
-)
-from alibi.exact.numerics import (
-    bitwise_equal_mask,
-    compare_outputs,
-    dtype_name,
-    is_pow2,
-    is_subnormal,
-)
+from alibi.exact.emulator import INT32_LIMIT, EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
+from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
 from alibi.kernels.base import OPERANDS
 from alibi.tiles.tile import Tile
 
@@ -225,6 +212,10 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         differs, ulp = comparison.differs, comparison.ulp
         m: dict[str, torch.Tensor] = {"n_differing": checks.count(differs), "max_ulp": checks.largest(ulp)}
         on: dict[str, list[int]] = {}  # the units of a value measured on some of them only (`checks.numbers`)
+
+        def measured_on(units: list[int], values: dict[str, torch.Tensor]) -> None:
+            m.update(values)
+            on.update(dict.fromkeys(values, units))
         masks: dict[str, torch.Tensor] = {}
         if int8:
             a_q = torch.stack([r.prepared.tile.a_q for r in runs])
@@ -256,17 +247,14 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), _take(s_w, pow2_units),
                                                       reference_fp32)
             masks["pow2"] = _spread_mask(judged, pow2_units)
-            m.update({f"pow2_{k}": v for k, v in p2.items()})
-            on.update(dict.fromkeys((f"pow2_{k}" for k in p2), pow2_units))
+            measured_on(pow2_units, {f"pow2_{k}": v for k, v in p2.items()})
         if real_units:
             near_units = _take(differs, real_units), _take(ulp, real_units)
             top, near = checks.near_zero_mask(exact, dtype_name(dtype))
-            measured = {f"nz_{k}": v for k, v in checks.near_zero_measure(
-                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()}
-            measured.update({f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(
+            measured_on(real_units, {f"nz_{k}": v for k, v in checks.near_zero_measure(
+                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()})
+            measured_on(real_units, {f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(
                 near_units[1], near_units[0], ulp_threshold, near).items()})
-            m.update(measured)
-            on.update(dict.fromkeys(measured, real_units))
         elif any(real):  # fp8: no exact values, no near-zero split
             m.update({f"rt_{k}": v for k, v in
                       checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, None).items()})
@@ -275,9 +263,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         m["subnormal_scales"] = checks.count(is_subnormal(s_a)) + checks.count(is_subnormal(s_w))
         invariance_runs = [i for i, r in enumerate(runs) if r.subsets is not None]
         if invariance_runs:
-            measured = _invariance_measure(runs, invariance_runs, out_a, out_b)
-            m.update(measured)
-            on.update(dict.fromkeys(measured, invariance_runs))
+            measured_on(invariance_runs, _invariance_measure(runs, invariance_runs, out_a, out_b))
         values = checks.numbers(m, on)
         differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
         causes = _causes(ma, mb, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values) if predicted is not None \

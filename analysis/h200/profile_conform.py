@@ -1,21 +1,19 @@
-"""Where `alibi conform`'s time goes: `alibi bench conform` of one pair on one source under cProfile, after one
-unprofiled warm-up run; then, with `--cuda`, one `run_conformance` under torch.profiler (host and CUDA activity,
-no stage timer) and the wall time of untimed runs (no stage timer, so no synchronization at each stage's end:
-what a user's `alibi conform` pays).
+"""Where `alibi conform`'s time goes: `alibi bench conform` of one pair on one source, unprofiled (5 plain and 5 staged
+runs after its warm-up), then again under cProfile; then, with `--cuda`, one `run_conformance` under torch.profiler
+(host and CUDA activity, no stage timer).
 
     python analysis/h200/profile_conform.py OUT_FILE KERNEL_A KERNEL_B DEVICE (--synthetic PRESET | --tiles DIR)
         [--cuda]
 
 Writes to OUT_FILE the bench table and the 40 functions with the most own and with the most cumulative time; with
-`--cuda` also OUT_FILE's stem + `-cuda.txt`: the untimed walls, the GPU's busy time against the wall of the
-profiled run, and the operators by CUDA time and by count (analysis/h200/throughput.sh runs it on the GPU, with
-the synthetic presets at M = 512).
+`--cuda` also OUT_FILE's stem + `-cuda.txt`: the unprofiled bench's plain wall, the GPU's busy time against the
+wall of the profiled run, and the operators by CUDA time and by count (analysis/h200/throughput.sh runs it on the
+GPU, with the synthetic presets at M = 512).
 """
 
 import cProfile
 import io
 import pstats
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,18 +21,13 @@ from pathlib import Path
 import torch
 
 from alibi.conform.bench import bench_conform, format_table
-from alibi.conform.pipeline import (
-    choose_pair,
-    run_conformance,
-    source_from_dir,
-    source_from_preset,
-)
+from alibi.conform.pipeline import choose_pair, run_conformance, source_from_dir, source_from_preset
 
 out, kernel_a, kernel_b, device, kind, value = sys.argv[1:7]
 cuda = "--cuda" in sys.argv[7:]
 source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
 pair = choose_pair(kernel_a, kernel_b)
-bench_conform(pair, source, devices=[device], repeats=1)
+plain = bench_conform(pair, source, devices=[device], repeats=5)  # unprofiled: the warm-up, and the plain walls
 profile = cProfile.Profile()
 profile.enable()
 result = bench_conform(pair, source, devices=[device], repeats=1)
@@ -47,33 +40,9 @@ Path(out).write_text(text.getvalue())
 print(format_table(result))
 
 if cuda:
-    elements = result.output_elements
-    walls = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run_conformance(pair, source, device=device)
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - t0)
-    wall = statistics.median(walls)
-    lines = [(f"untimed runs (no stage timer), 5: median {wall:.4f} s, {elements / wall / 1e6:.1f} M el/s; "
-              f"all {', '.join(f'{w:.4f}' for w in walls)}")]
-    # diagnostic: the same without the synchronize after every kernel launch (`Kernel.run`), timed on the stream
-    from alibi.kernels import base
-    stream = torch.cuda.current_stream()
-    synchronize, base.torch.cuda.synchronize = torch.cuda.synchronize, lambda *a: None
-    try:
-        walls = []
-        for _ in range(5):
-            stream.synchronize()
-            t0 = time.perf_counter()
-            run_conformance(pair, source, device=device)
-            stream.synchronize()
-            walls.append(time.perf_counter() - t0)
-    finally:
-        torch.cuda.synchronize = synchronize
-    lines.append(f"diagnostic, no synchronize after each launch: median {statistics.median(walls):.4f} s, "
-                 f"{elements / statistics.median(walls) / 1e6:.1f} M el/s")
+    (t,) = plain.timings
+    lines = [(f"plain runs (bench, unprofiled), {t.repeats}: median {t.wall.seconds:.4f} s, "
+              f"{t.wall.elements_per_s / 1e6:.1f} M el/s; spread {t.wall.spread[0]:.4f}–{t.wall.spread[1]:.4f}")]
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         t0 = time.perf_counter()
