@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "alibi.cli.matrix",
     "alibi.cli.kernels",
     "alibi.cli.identify",
+    "alibi.cli.probe",
     "alibi.cli.mutants",
     "alibi.cli.boundary",
     "alibi.cli.run",

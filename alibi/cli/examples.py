@@ -20,6 +20,7 @@ EXAMPLES: dict[str, str] = {
     "kernels": "alibi kernels",
     "kernels build": "alibi kernels build cutlass --arch sm_90",
     "identify": "alibi identify torch-cpu",
+    "probe fp8-mma": "alibi probe fp8-mma --out fp8-mma-probe",
     "mutants": "alibi mutants --base torch-cpu --out mutants",
     "boundary": "alibi boundary --kernel torch-cpu --out boundary.json",
     "run": "alibi run experiments/cpu-smoke.yaml",

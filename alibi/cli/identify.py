@@ -20,7 +20,48 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "kernel that takes its bias only in the output dtype; an unknown name lists them all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the candidates as JSON")
+    p.add_argument("--shape", action="append", metavar="MxNxK",
+                   help="fp8 kernels: a shape at which to read the accumulation schedule (repeatable; default "
+                        f"{', '.join(DEFAULT_FP8_SHAPES)})")
     p.set_defaults(func=run)
+
+
+DEFAULT_FP8_SHAPES = ("1x576x1536", "64x256x1024", "256x1536x576", "16x128x4096")
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    from alibi.errors import InputError
+
+    try:
+        M, N, K = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise InputError(f"--shape {text!r}: expected MxNxK, e.g. 64x256x1024") from None
+    if min(M, N, K) < 1 or K < 64:
+        raise InputError(f"--shape {text!r}: M, N ≥ 1 and K ≥ 64 (the probe needs two steps of 32)")
+    return M, N, K
+
+
+def run_fp8(args: argparse.Namespace, kernel) -> int:
+    """Read an fp8 kernel's accumulation schedule at each shape and check its declaration bit for bit."""
+    from alibi.controls.fp8_schedule import identify_schedule
+    from alibi.io.typed import to_plain
+
+    shapes = [parse_shape(s) for s in (args.shape or DEFAULT_FP8_SHAPES)]
+    found = identify_schedule(kernel, shapes, seed=args.seed)
+    if args.json:
+        print(json.dumps([to_plain(r) for r in found], indent=2))
+    else:
+        for r in found:
+            b = r.reading.boundaries
+            seen = "none" if not b else f"{len(b)} at k = {', '.join(map(str, b[:8]))}{', ...' if len(b) > 8 else ''}"
+            print(f"{kernel.name} at M={r.M} N={r.N} K={r.K}: chain boundaries {seen}"
+                  + (f"; on some output tiles only: {list(r.reading.partial)[:8]}" if r.reading.partial else ""))
+            print(f"  declares {r.declared or 'no schedule'}: "
+                  f"{'MATCH (boundaries and every output bit of a random tile)' if r.declared_matches else 'NO MATCH'}")
+            others = [c for c in r.matched if c != r.declared]
+            if others:
+                print(f"  also consistent here: {', '.join(others[:6])}{' ...' if len(others) > 6 else ''}")
+    return 0 if found and all(r.declared_matches for r in found) else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
 
     kernel = get_kernel(args.kernel)
     kernel.require_available()
+    if "int8" not in kernel.formats and "fp8_e4m3" in kernel.formats:
+        return run_fp8(args, kernel)
+    if args.shape:
+        from alibi.errors import InputError
+        raise InputError(f"--shape applies to fp8 kernels; {kernel.name} takes {', '.join(kernel.formats)}")
     if args.tiles:
         tiles = load_tile_dir(args.tiles)
     elif args.synthetic:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def kernel_rows() -> list[dict]:
     # deferred: keeps torch out of start-up
-    from alibi.kernels.registry import get_kernel, kernel_names
+    from alibi.kernels.registry import get_kernel, kernel_names, shadowing_plugins
 
     rows = []
     for name in kernel_names():
@@ -29,6 +29,11 @@ def kernel_rows() -> list[dict]:
         ok, reason = k.available()
         rows.append({"name": name, "formats": list(k.formats), "device": k.device, "available": ok,
                      "reason": reason, "epilogue_model": k.epilogue.name if k.epilogue else None})
+    # A plugin registered under a built-in's name is never loaded (the name means the built-in): marked, under a
+    # name of its own, so that no row of the built-in's name describes it.
+    for name, reason in shadowing_plugins():
+        rows.append({"name": f"{name} (refused plugin)", "formats": [], "device": "-", "available": False,
+                     "reason": reason, "epilogue_model": None})
     return rows
 
 

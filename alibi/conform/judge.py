@@ -24,6 +24,7 @@ from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import INT32_LIMIT, EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
+from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
 from alibi.kernels.base import OPERANDS
 from alibi.tiles.tile import Tile
@@ -40,6 +41,13 @@ class PreparedTile:
     acc: torch.Tensor | None
     exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
     regimes: dict[str, Tile] = field(default_factory=dict)  # the tile under a regime, where computed ahead
+    scheduled: dict[AccumulationSchedule, torch.Tensor] = field(default_factory=dict)  # fp8: model accumulators
+
+    def scheduled_accumulator(self, schedule: AccumulationSchedule) -> torch.Tensor:
+        """The fp32 accumulator `schedule` prescribes for this fp8 tile (computed once, shared by both regimes)."""
+        if schedule not in self.scheduled:
+            self.scheduled[schedule] = accumulate(schedule, self.tile.a_q, self.tile.w_q)
+        return self.scheduled[schedule]
 
 
 @dataclass
@@ -87,14 +95,19 @@ def uses_statistics(*models: EpilogueModel | None) -> bool:
 
 def difference_causes(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
                       acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
-                      out_dtype: torch.dtype) -> torch.Tensor:
+                      out_dtype: torch.dtype, acc_b: torch.Tensor | None = None) -> torch.Tensor:
     """Per unit of a batch ([B, M, N] model outputs `out_a`, `out_b` on accumulators `acc`): which steps from model
-    a to model b change bits, as a [steps, B] bool tensor over `cause_steps(a, b, bias)`.
+    a to model b change bits, as a [steps, B] bool tensor over `cause_steps(a, b, bias)` (preceded, for fp8 arms
+    whose declared schedules give another accumulator `acc_b`, by the accumulation step).
 
-    The models are walked from a to b one attribute at a time (statistics, order, the rounding between the scales,
-    the bias mode; the rounding before the order when b's order is product_first, which has none), each step taken
-    only where the attribute differs (the bias mode only with a bias)."""
+    The models are walked from a to b one attribute at a time (the accumulator; statistics, order, the rounding
+    between the scales, the bias mode; the rounding before the order when b's order is product_first, which has
+    none), each step taken only where the attribute differs (the bias mode only with a bias)."""
     changed, current, out_current = [], a, out_a
+    if acc_b is not None:
+        out_next = out_b if a == b else apply_epilogue(a, acc_b, s_a, s_w, bias, out_dtype)
+        changed.append(checks.anywhere(~bitwise_equal_mask(out_current, out_next)))
+        acc, out_current = acc_b, out_next
     for _label, attr in cause_steps(a, b, bias is not None):
         nxt = replace(current, **{attr: getattr(b, attr)})
         out_next = out_b if nxt == b else apply_epilogue(nxt, acc, s_a, s_w, bias, out_dtype)
@@ -116,6 +129,14 @@ def cause_steps(a: EpilogueModel, b: EpilogueModel, bias: bool) -> list[tuple[st
         taken.append((label, attr))
         current = replace(current, **{attr: getattr(b, attr)})
     return taken
+
+
+def schedule_cause(a: AccumulationSchedule, b: AccumulationSchedule) -> str:
+    """What differs between two declared fp8 accumulation schedules, as a cause label."""
+    parts = [label for label, differs in (("step model", a.step != b.step),
+                                          ("promotion interval", a.promotion_k != b.promotion_k),
+                                          ("split-K", a.split_k != b.split_k)) if differs]
+    return f"accumulation schedule ({', '.join(parts) or 'same'})"
 
 
 def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, out_b: torch.Tensor,
@@ -170,10 +191,61 @@ def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = check
     return results  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class Declarations:
+    """What both arms declare for one batch's shape: each epilogue model at its M and, for fp8, each accumulation
+    schedule at its M × N × K (`deterministic` schedules only are run; `nondeterministic` is named in the verdict)."""
+
+    a: EpilogueModel | None
+    b: EpilogueModel | None
+    schedule_a: AccumulationSchedule | None = None
+    schedule_b: AccumulationSchedule | None = None
+
+    @classmethod
+    def of(cls, pair, t: Tile) -> Declarations:
+        def epilogue(k):
+            at = getattr(k, "epilogue_at", None)
+            return at(t.M) if at is not None else k.epilogue
+
+        def schedule(k):
+            at = getattr(k, "schedule_at", None)
+            return at(t.M, t.N, t.K) if at is not None and t.fmt != "int8" else None
+        return cls(epilogue(pair.a), epilogue(pair.b), schedule(pair.a), schedule(pair.b))
+
+    def schedule(self, arm: str) -> AccumulationSchedule | None:
+        s = self.schedule_a if arm == "a" else self.schedule_b
+        return s if s is not None and s.deterministic else None
+
+    def label(self, arm: str) -> str | None:
+        """The declaration an arm's output is held to: its epilogue, after its schedule for fp8."""
+        model, s = (self.a, self.schedule_a) if arm == "a" else (self.b, self.schedule_b)
+        if model is None:
+            return None
+        return model.name if s is None else f"{s.label}:{model.name}"
+
+
+def unjudged_fp8_reason(d: Declarations, names: dict[str, str], t: Tile) -> str:
+    """Why an fp8 unit's differences are not predicted: an arm declares no schedule, or a nondeterministic one at
+    this shape (named), or no epilogue model."""
+    why = []
+    for arm in ("a", "b"):
+        s = d.schedule_a if arm == "a" else d.schedule_b
+        model = d.a if arm == "a" else d.b
+        who = f"arm {arm} (`{names[arm]}`)"
+        if model is None:
+            why.append(f"{who} declares no epilogue model")
+        elif s is None:
+            why.append(f"{who} declares no fp8 accumulation schedule here")
+        elif not s.deterministic:
+            why.append(f"{who} declares a nondeterministic reduction at M={t.M}, N={t.N}, K={t.K} ({s.describe()})")
+    return "; ".join(why) + ": the exact set of differences is not predicted"
+
+
 def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, invariance: bool) -> list[UnitResult]:
     B, t0 = len(runs), runs[0].tile
     int8, dtype = t0.fmt == "int8", t0.out_dtype
-    ma, mb = pair.a.epilogue, pair.b.epilogue
+    decl = Declarations.of(pair, t0)
+    ma, mb = decl.a, decl.b
     tiles = [r.tile for r in runs]
     real = [r.regime == "real" for r in runs]
     with stage("reference"):
@@ -186,15 +258,20 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         max_abs_acc = checks.largest(acc.abs()) if int8 else None
         acc32 = (acc.to(torch.int32) if int(max_abs_acc.max()) < INT32_LIMIT else int32_wrap(acc)) if int8 else None
         exposed = {arm: _stack([r.prepared.exposed.get(arm) for r in runs]) for arm in ("a", "b")}
+        # fp8: the fp32 accumulator each arm's declared schedule prescribes (`alibi.exact.fp8_mma`), where it declares
+        # a deterministic one
+        scheduled = {arm: torch.stack([r.prepared.scheduled_accumulator(decl.schedule(arm)) for r in runs])
+                     for arm in ("a", "b") if not int8 and decl.schedule(arm) is not None}
 
-        # int8: every arm is held to its model applied to the exact accumulator. fp8: the accumulator itself rounds
-        # in an implementation-defined order, so an arm can only be held to its declared epilogue applied to its
+        # int8: every arm is held to its model applied to the exact accumulator; fp8: to its declared epilogue applied
+        # to the accumulator its declared schedule prescribes, or, declaring no schedule, to its epilogue applied to its
         # *own* exposed fp32 accumulator (unjudged when it exposes none).
         def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
-            base = acc32 if int8 else exposed[arm]
+            base = acc32 if int8 else scheduled.get(arm, exposed[arm])
             return None if model is None or base is None else apply_epilogue(model, base, s_a, s_w, bias, dtype)
         expect_a = model_out(ma, "a")
-        expect_b = expect_a if (int8 and ma is not None and ma == mb) else model_out(mb, "b")
+        same = int8 or (decl.schedule("a") is not None and decl.schedule("a") == decl.schedule("b"))
+        expect_b = expect_a if (same and ma is not None and ma == mb) else model_out(mb, "b")
         # The pow2 identity's fp32 reference, on the units whose weight scales are all powers of two; the exact
         # values (fp64) of the near-zero split, on the real-scale units.
         pow2_units = _where(is_pow2(s_w).reshape(B, -1).all(1).tolist()) if int8 and not uses_statistics(ma, mb) else []
@@ -234,8 +311,12 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             differ = checks.operands_differ(a, b)
             m[f"operands_{key}"] = (torch.ones(B, dtype=torch.bool, device=differs.device) if differ is True
                                     else differ.to(differs.device))
+        for arm in ("a", "b") if not int8 else ():
+            if arm in scheduled and exposed[arm] is not None and exposed[arm].shape == scheduled[arm].shape:
+                masks[f"acc_{arm}"] = ~bitwise_equal_mask(exposed[arm], scheduled[arm])
+                m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
         predicted = None
-        if int8 and ma is not None and mb is not None:
+        if ma is not None and mb is not None and (int8 or len(scheduled) == 2):
             predicted = ~bitwise_equal_mask(expect_a, expect_b)
             pd, masks["predicted"] = checks.predicted_differences_measure(differs, predicted)
             m.update({f"pd_{k}": v for k, v in pd.items()})
@@ -266,10 +347,16 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
             measured_on(invariance_runs, _invariance_measure(runs, invariance_runs, out_a, out_b))
         values = checks.numbers(m, on)
         differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
-        causes = _causes(ma, mb, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values) if predicted is not None \
-            else [None] * B
-        return [_unit(pair, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
-                      {"a": exposed["a"], "b": exposed["b"], "expected_acc": expected_acc if int8 else None},
+        if predicted is None:
+            causes = [None] * B
+        elif int8:
+            causes = _causes(decl, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values)
+        else:
+            causes = _causes(decl, expect_a, expect_b, scheduled["a"], s_a, s_w, bias, dtype, values,
+                             None if same else scheduled["b"])
+        expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
+        return [_unit(pair, decl, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
+                      {"a": exposed["a"], "b": exposed["b"], "expected": expected},
                       {"a": (out_a, expect_a), "b": (out_b, expect_b)})
                 for i in range(B)]
 
@@ -290,14 +377,17 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
     return m
 
 
-def _causes(ma: EpilogueModel, mb: EpilogueModel, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,
+def _causes(decl: Declarations, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,
             s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
-            values: list[dict[str, float]]) -> list[str | None]:
-    """Each unit's cause (`difference_cause`), for the units whose declared models differ somewhere."""
+            values: list[dict[str, float]], acc_b: torch.Tensor | None = None) -> list[str | None]:
+    """Each unit's cause (`difference_cause`; the accumulation schedule first for fp8 arms whose declared schedules
+    give another accumulator `acc_b`), for the units whose declared models differ somewhere."""
     if not any(v["pd_n_predicted"] for v in values):
         return [None] * len(values)
-    labels = [label for label, _ in cause_steps(ma, mb, bias is not None)]
-    changed = difference_causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype).cpu().tolist()
+    ma, mb = decl.a, decl.b
+    labels = ([schedule_cause(decl.schedule_a, decl.schedule_b)] if acc_b is not None else []) + \
+        [label for label, _ in cause_steps(ma, mb, bias is not None)]
+    changed = difference_causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype, acc_b).cpu().tolist()
     return [" and ".join(label for label, hits in zip(labels, changed, strict=True) if hits[i]) or None
             if v["pd_n_predicted"] else None for i, v in enumerate(values)]
 
@@ -306,19 +396,20 @@ def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] |
     return lambda: checks.first_mismatch(masks[name][i])
 
 
-def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor], differences, cause,
-          ulp_threshold: int, invariance: bool, accumulators: dict[str, torch.Tensor | None],
+def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor],
+          differences, cause, ulp_threshold: int, invariance: bool, accumulators: dict[str, Any],
           models: dict[str, tuple[torch.Tensor, torch.Tensor | None]]) -> UnitResult:
     """One unit's verdicts and result from its numbers `v` (the keys `_judge_batch` measured)."""
     t, regime = run.tile, run.regime
     int8 = t.fmt == "int8"
-    ma, mb = pair.a.epilogue, pair.b.epilogue
+    ma, mb = decl.a, decl.b
     names = {"a": pair.a.name, "b": pair.b.name}
     pred: Prediction | None = (prediction(int(v["max_abs_acc"]), bool(v["a_has_min"]), bool(v["w_has_min"]), t.K)
                                if int8 else None)
-    if not int8:
-        pd, why_not = None, (f"{t.fmt} accumulation order is implementation-defined: the declared models predict no "
-                             "exact set of differences")
+    if not int8 and "pd_n_predicted" not in v:
+        pd, why_not = None, unjudged_fp8_reason(decl, names, t)
+    elif not int8:
+        pd, why_not = {k.removeprefix("pd_"): x for k, x in v.items() if k.startswith("pd_")}, ""
     elif ma is None or mb is None:
         pd, why_not = None, checks.undeclared_model_reason([arm for arm, m in (("a", ma), ("b", mb)) if m is None],
                                                            names)
@@ -333,8 +424,8 @@ def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torc
                                         and v[k]]),
         checks.int32_no_overflow(pred, t.K),
         checks.lossless_fp32_entry(pred),
-        _accumulator_verdict(run, i, v, masks, accumulators) if int8 else
-        checks.inapplicable("exact-accumulator", "no exact reference (not an int8 tile)"),
+        _accumulator_verdict(run, i, v, masks, accumulators) if int8 else _fp8_accumulator_verdict(decl, run, i, v, masks,
+                                                                                                 accumulators),
         checks.pow2_identity_verdict(bool(v.get("pow2_all_pow2", 0)), pred.int32_safe, t.M * t.N,
                                      int(v.get("pow2_n_excluded", 0)), int(v.get("pow2_n_differing", 0)),
                                      _first(masks, "pow2", i), bias=t.bias is not None,
@@ -348,7 +439,7 @@ def _unit(pair, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torc
         checks.real_scale_tolerance_verdict(rt if regime == "real" else None, ulp_threshold),
         checks.token_level_risk(),
         checks.epilogue_model_verdict(
-            {arm: (model.name if model else None,
+            {arm: (decl.label(arm) if not int8 and decl.schedule(arm) is not None else (model.name if model else None),
                    {k.removeprefix(f"em_{arm}_"): x for k, x in v.items() if k.startswith(f"em_{arm}_")} or None,
                    lambda arm=arm: checks.Deviation(models[arm][0][i], models[arm][1][i], masks[f"em_{arm}"][i]))
              for arm, model in (("a", ma), ("b", mb))}, names),
@@ -384,9 +475,34 @@ def _accumulator_verdict(run: UnitRun, i: int, v: dict[str, float], masks: dict[
         if f"acc_{arm}" not in v:
             bad[arm] = {"shape": list(run.prepared.exposed[arm].shape)}
         elif v[f"acc_{arm}"]:
-            bad[arm] = checks.accumulator_violation(accumulators[arm][i], accumulators["expected_acc"][i],
+            bad[arm] = checks.accumulator_violation(accumulators[arm][i], accumulators["expected"][arm][i],
                                                     masks[f"acc_{arm}"][i], int(v[f"acc_{arm}"]))
     return checks.exact_accumulator_verdict(exposed, bad)
+
+
+def _fp8_accumulator_verdict(decl: Declarations, run: UnitRun, i: int, v: dict[str, float],
+                             masks: dict[str, torch.Tensor], accumulators: dict[str, Any]):
+    """The exact-accumulator check of an fp8 unit: each exposed fp32 accumulator against the one its arm's declared
+    schedule prescribes, bit for bit."""
+    judged = sorted(arm for arm in ("a", "b") if f"acc_{arm}" in v)
+    if not judged:
+        exposed = [arm for arm in ("a", "b") if run.prepared.exposed.get(arm) is not None]
+        why = ("no arm exposes its fp32 accumulator" if not exposed else
+               f"arm(s) {', '.join(exposed)} expose an accumulator but declare no deterministic schedule here")
+        return checks.inapplicable("exact-accumulator", why)
+    bad = {}
+    for arm in judged:
+        if v[f"acc_{arm}"]:
+            at = checks.first_mismatch(masks[f"acc_{arm}"][i])
+            got, want = accumulators[arm][i][tuple(at)], accumulators["expected"][arm][i][tuple(at)]
+            bad[arm] = {"n_differing": int(v[f"acc_{arm}"]), "first": at, "got": float(got), "expected": float(want),
+                        "schedule": decl.label(arm)}
+    ev = {"exposed_by": judged, "schedules": {arm: decl.label(arm) for arm in judged}, **({"mismatches": bad} if bad else {})}
+    if bad:
+        return checks.fired("exact-accumulator", f"fp32 accumulator differs from the one its declared schedule "
+                            f"prescribes in arm(s) {', '.join(sorted(bad))}", evidence=ev)
+    return checks.passed("exact-accumulator", f"fp32 accumulator(s) of arm(s) {', '.join(judged)} equal the declared "
+                         "schedules' bit for bit", evidence=ev)
 
 
 def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
@@ -397,4 +513,4 @@ def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
             checks.run_to_run_verdict(["a", "b"], {arm: n for arm, n in again.items() if n})]
 
 
-__all__ = ["PreparedTile", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge", "tile_key"]
+__all__ = ["Declarations", "PreparedTile", "schedule_cause", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge", "tile_key"]

@@ -21,12 +21,17 @@ A cell's status, from the pair's units:
   intermediate rounding, bias mode), and each arm equals its declared model;
 * `unexplained` — some unit differs where the models do not predict it, or an arm departs from its
   declared model (`predicted-differences` or `epilogue-model` fired): a finding;
-* `not-judged` — the models predict no exact set of differences (fp8 accumulation is
-  implementation-defined, or an arm declares no model); the counts are reported, the verdict is not.
+* `not-judged` — the declarations predict no exact set of differences (an arm declares no epilogue model, an fp8
+  arm no accumulation schedule, or a nondeterministic reduction at a tile's shape); the counts are reported, the
+  verdict is not, and `not_judged_because` says why, naming the arm and the shape.
+
+For fp8 tiles the declarations are each arm's epilogue *and* its accumulation schedule (`alibi.exact.fp8_mma`):
+the emulator computes the fp32 accumulator each schedule prescribes, and a cause such as `accumulation schedule
+(promotion interval)` names what differs between two schedules.
 
 `Matrix.exit_code` is 1 when any cell is unexplained or any kernel's own check fired, else 0.
 The types are frozen dataclasses; `matrix.json` is `Matrix.to_json()`, published as
-`docs/schemas/alibi.matrix.v1.schema.json`, and every consumer (matrix.md, the HTML section) reads
+`docs/schemas/alibi.matrix.v2.schema.json` (v1 documents, written before fp8 pairs were judged, still read), and every consumer (matrix.md, the HTML section) reads
 it back through `Matrix.from_json`.
 """
 
@@ -54,8 +59,9 @@ if TYPE_CHECKING:
     from alibi.kernels.base import Kernel
     from alibi.tiles.tile import Tile
 
-SCHEMA = "alibi.matrix/v1"
-SCHEMA_FILE = "docs/schemas/alibi.matrix.v1.schema.json"
+SCHEMA = "alibi.matrix/v2"
+SCHEMA_FILE = "docs/schemas/alibi.matrix.v2.schema.json"
+V1 = "alibi.matrix/v1"
 
 
 class PairStatus(StrEnum):
@@ -120,7 +126,7 @@ class PairUnit:
 class MatrixCell:
     """One pair (a before b in the kernel order): `status` (module docstring), `causes` over its units,
     totals over units, the pair report's `verdict` (`pass`/`fail`/`inconclusive`, without the per-kernel
-    checks) and the checks that `fired` on it, and every unit."""
+    checks) and the checks that `fired` on it, every unit, and why a `not-judged` pair is not (else None)."""
 
     kernel_a: str
     kernel_b: str
@@ -133,6 +139,7 @@ class MatrixCell:
     verdict: ReportVerdict
     fired: tuple[str, ...]
     units: tuple[PairUnit, ...]
+    not_judged_because: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class Matrix(TypedResult):
     field; SOURCE_DATE_EPOCH fixes it)."""
 
     SCHEMA = SCHEMA
+    READS = (V1,)
     JSON_INDENT = 2
     REMEDY = "re-run `alibi matrix`"
     FILE = "matrix.json"
@@ -169,6 +177,21 @@ class Matrix(TypedResult):
     def exit_code(self) -> int:
         """1 when a pair differs unexplained or a kernel's own check fired; else 0."""
         return 1 if (self.unexplained or any(k.fired for k in self.kernels)) else 0
+
+    def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A v1 document as it was written: its cells without `not_judged_because` (`alibi.io.typed`)."""
+        if doc["schema"] == V1:
+            for cell in doc["cells"]:
+                del cell["not_judged_because"]
+        return doc
+
+    @classmethod
+    def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
+        """A v1 document's cells with `not_judged_because` None (v1 gave no reason)."""
+        if doc.get("schema") == V1 and isinstance(doc.get("cells"), list):
+            doc["cells"] = [{**cell, "not_judged_because": None} if isinstance(cell, dict) else cell
+                            for cell in doc["cells"]]
+        return doc
 
 
 # --- each kernel once per tile --------------------------------------------------------------------
@@ -281,9 +304,14 @@ def _cell(a: str, b: str, report) -> MatrixCell:
     causes = tuple(dict.fromkeys(part for u in units if u.cause for part in u.cause.split(" and ")))
     predicted = [u.n_predicted for u in units]
     ulps = [u.max_ulp for u in units if u.max_ulp is not None]
+    why = None
+    if status == PairStatus.NOT_JUDGED:
+        reasons = [v.detail for u in report.tiles for v in u.verdicts
+                   if v.check == "predicted-differences" and not v.applicable]
+        why = "; ".join(dict.fromkeys(reasons)) or "no unit was judged"
     return MatrixCell(a, b, status, causes, sum(u.n_elements for u in units), sum(u.n_differing for u in units),
                       None if None in predicted else sum(predicted), max(ulps) if ulps else None, report.verdict,
-                      fired, units)
+                      fired, units, why)
 
 
 def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] = ("real", "pow2"), *,

@@ -41,7 +41,9 @@ from alibi.kernels.base import Kernel, KernelOutput
 from alibi.kernels.mutants import (
     ALL,
     FAULTS,
+    FP8_FAULTS,
     NATIVE_SWITCHES,
+    Fp8MutantKernel,
     MutantKernel,
     Severity,
     fault,
@@ -270,12 +272,21 @@ def plan_rows(base: Kernel, base_name: str, faults: Iterable[str] | None, severi
     severities run once (as `all`). `native` adds the in-kernel Triton variants (base `triton` only).
     """
     explicit = faults is not None
-    names = list(dict.fromkeys(faults)) if explicit else list(FAULTS)
-    for name in names:
-        fault(name)  # unknown → InputError naming every fault
     levels = [Severity.parse(s) for s in dict.fromkeys(severities)]
     if not levels:
         raise InputError("--severity: empty list; use one, pct, all or percentages such as 5%")
+    if "int8" not in base.formats and "fp8_e4m3" in base.formats:  # an fp8 base: faults of its accumulation
+        names = list(dict.fromkeys(faults)) if explicit else list(FP8_FAULTS)
+        unknown = [n for n in names if n not in FP8_FAULTS]
+        if unknown:
+            raise InputError(f"unknown fp8 fault {unknown[0]!r}; fp8 faults: {', '.join(FP8_FAULTS)}")
+        if native:
+            raise InputError("--native: native fault variants live inside the int8 'triton' kernel")
+        return [Plan(name, level.label, "wrapper", lambda f=FP8_FAULTS[name], level=level: Fp8MutantKernel(f, level, base))
+                for name in names for level in (levels if name != "null" else [ALL])], []
+    names = list(dict.fromkeys(faults)) if explicit else list(FAULTS)
+    for name in names:
+        fault(name)  # unknown → InputError naming every fault
     if "int8" not in base.formats:
         raise InputError(f"base {base_name!r} handles {', '.join(base.formats)} operands; mutants wrap int8 kernels")
     plans, skipped = [], []
@@ -300,13 +311,13 @@ def plan_rows(base: Kernel, base_name: str, faults: Iterable[str] | None, severi
 
 
 def check_tiles(base: Kernel, base_name: str, tiles: list[Tile]) -> None:
-    """InputError unless there are tiles and `base` (an int8 kernel, as every mutant wraps) handles their format."""
+    """InputError unless there are tiles and `base` handles their one format (int8, or fp8 for the fp8 faults)."""
     if not tiles:
         raise InputError("no tiles to run the mutants on")
     formats = sorted({t.fmt for t in tiles})
-    if any(f != "int8" or f not in base.formats for f in formats):
-        raise InputError(f"base {base_name!r} handles {', '.join(base.formats)} tiles and mutants wrap int8 kernels; "
-                         f"these tiles are {', '.join(formats)}")
+    if len(formats) > 1 or formats[0] not in base.formats:
+        raise InputError(f"base {base_name!r} handles {', '.join(base.formats)} tiles; these tiles are "
+                         f"{', '.join(formats)}: give tiles of one format the base takes")
 
 
 def _unit_rows(plan: Plan, regime: str, report: Report, base: Recorder, mutant: Recorder
@@ -347,10 +358,15 @@ def _row(plan: Plan, kernel_name: str, regime: str, units: list[UnitRow], agg: d
             cells[c] = CheckCell.INAPPLICABLE
         else:
             cells[c] = CheckCell.SILENT
-    return FaultRow(plan.fault, plan.severity, regime, kernel_name, plan.implementation, FAULTS[plan.fault].paper,
+    return FaultRow(plan.fault, plan.severity, regime, kernel_name, plan.implementation, _paper(plan.fault),
                     any(u.observable for u in units), sum(u.observable for u in units), len(units),
                     agg["changed"], agg["launched"], agg["max_ulp"], cells,
                     tuple(c for c in CHECKS if cells[c] == "fired"))
+
+
+def _paper(fault_name: str) -> str | None:
+    """The published fault class (F1–F9) of an int8 fault; fp8 faults have none."""
+    return FAULTS[fault_name].paper if fault_name in FAULTS else None
 
 
 def summarize_checks(rows: Iterable[FaultRow]) -> tuple[CheckSummary, ...]:
@@ -374,7 +390,7 @@ def summarize_classes(rows: Iterable[FaultRow], units: Iterable[UnitRow]) -> tup
         us = [u for u in units if (u.fault, u.implementation) == (name, impl)]
         obs = [u for u in us if u.observable]
         out.append(FaultClassSummary(
-            name, FAULTS[name].paper, impl, len(rs), sum(r.observable for r in rs),
+            name, _paper(name), impl, len(rs), sum(r.observable for r in rs),
             sum(r.observable and r.detected for r in rs),
             tuple(c for c in CHECKS if any(c in r.fired for r in rs)), len(us), len(obs),
             sum(any(c in PAPER_SEVEN for c in u.fired) for u in obs), sum(bool(u.fired) for u in obs)))

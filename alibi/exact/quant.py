@@ -10,6 +10,8 @@
   scale, `q = saturate_int8(round_half_even(RN32(x · RN32(1 / s_a))))`; it differs from the CUDA
   convention by one step in a few elements (13 of 36,864 on Gaussian bf16 activations; see
   `quantize_per_token_vllm_cpu`).
+* fp8 (e4m3) activations and weights, per row: `s = RN32(amax / 448)`, `q = e4m3(RN32(x / s))`
+  (`quantize_fp8_rows`); the fp8 tiles' operands, not a claim about any serving stack's quantizer.
 * Weights: compressed-tensors' static per-channel symmetric convention: `scale = absmax / 127.5`,
   `q = clamp(round_half_even(w / scale), -128, 127)`. The checkpoint stores the scale in the
   model's dtype (often bf16); pass `scale_dtype` to round it there before quantizing with it.
@@ -20,6 +22,18 @@ from __future__ import annotations
 import torch
 
 INT8_MIN, INT8_MAX = -128, 127
+E4M3_MAX = 448.0
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row e4m3 quantization of `x` [R,K] → (float8_e4m3fn [R,K], float32 [R]) (per token for
+    activations, per output channel for weights): `s = RN32(amax / 448)` (1 for an all-zero row),
+    `q = e4m3(RN32(x / s))`, nearest even, saturated at ±448."""
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(dim=-1)
+    s = torch.where(amax == 0, torch.ones_like(amax), amax / torch.full_like(amax, E4M3_MAX))
+    q = (xf / s.unsqueeze(-1)).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, s
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

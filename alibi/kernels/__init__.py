@@ -10,5 +10,23 @@
 - `bench`: throughput of the GPU kernels side by side (`alibi bench`).
 
 Importing this package imports nothing: `alibi.kernels.catalog` answers "is this a kernel name?"
-before torch is loaded.
+before torch is loaded. The names this package exported before its modules were split (`from alibi.kernels import
+Kernel`, the plugin API of earlier READMEs) keep working, imported on first use, with a DeprecationWarning naming
+the import to use now (`from alibi.kernels.base import Kernel`).
 """
+
+import importlib
+import warnings
+
+# name -> the module it lives in now
+_MOVED = {"Kernel": "alibi.kernels.base", "KernelOutput": "alibi.kernels.base", "get_kernel": "alibi.kernels.registry",
+          "kernel_names": "alibi.kernels.registry", "register": "alibi.kernels.registry"}
+
+
+def __getattr__(name: str) -> object:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"'from alibi.kernels import {name}' is the old import; use 'from {module} import {name}'",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), name)

@@ -21,6 +21,7 @@ import torch
 
 from alibi.errors import InputError, KernelRaised, KernelUnavailable, one_line, shown
 from alibi.exact.emulator import EpilogueModel
+from alibi.exact.fp8_mma import AccumulationSchedule
 from alibi.governance.manifest import folder_files
 from alibi.io.digests import sha256_file, sha256_listing
 from alibi.tiles.tile import Tile
@@ -72,6 +73,18 @@ class Kernel:
     bias_in_output_dtype: bool = False
     """True for a kernel that takes a bias only in the output dtype (vLLM's: its epilogue loads the bias as
     the output type); `alibi identify` then probes it with tiles whose bias is in that dtype."""
+    accumulation: AccumulationSchedule | None = None
+    """fp8 kernels: how the tensor core's chains are accumulated (`alibi.exact.fp8_mma`), the declaration conform
+    holds the accumulator to beside the epilogue; None for int8 (exact) and for a kernel that declares none."""
+
+    def epilogue_at(self, M: int) -> EpilogueModel | None:
+        """The epilogue model of a call with M rows (a kernel whose epilogue depends on M overrides this)."""
+        return self.epilogue
+
+    def schedule_at(self, M: int, N: int, K: int) -> AccumulationSchedule | None:
+        """The accumulation schedule of an M × N × K call (a kernel whose schedule depends on the shape overrides
+        this; `nondeterministic` reductions are declared in the schedule itself)."""
+        return self.accumulation
 
     def available(self) -> tuple[bool, str]:
         """(True, how it will run) or (False, why not and what to install)."""
@@ -170,12 +183,13 @@ def raised_as_kernel_failure(kernel: str, tile: str, *, when: str = "raised") ->
     """Turn an exception a kernel raises while it runs into `KernelRaised` (exit 4), one line naming the kernel
     (`kernel`: its name, or a phrase naming several), the tile and the error: a crash must not read as a finding
     (exit 1) or end in a traceback. A kernel's own refusals (InputError, KernelUnavailable) and MemoryError keep
-    their meaning and pass through. when: what the kernel did, as the message says it."""
+    their meaning and pass through; so does KeyboardInterrupt, but not SystemExit (a kernel's `sys.exit` must not
+    end a run without its report, or with exit 0). when: what the kernel did, as the message says it."""
     try:
         yield
     except (InputError, KernelUnavailable, KernelRaised, MemoryError):
         raise
-    except Exception as exc:  # noqa: BLE001 - any other exception of third-party code is the kernel's failure
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any other exception of third-party code is its failure
         raise KernelRaised(f"kernel {kernel} {when} on tile {shown(tile)}: {type(exc).__name__}: "
                            f"{one_line(str(exc))[:300]}") from exc
 

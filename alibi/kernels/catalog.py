@@ -44,13 +44,24 @@ BUILTIN: dict[str, str] = {
     "sgl-fp8": "alibi.kernels.sglang:SglFp8Kernel",
 }
 
-# Families whose members are parsed, not listed: `emulator:<order>[+<bias mode>]`, `mutant:<fault>[@<s>]:<base>`.
-PATTERN_PREFIXES = ("emulator:", "mutant:")
+# Families whose members are parsed, not listed: `emulator:<order>[+<bias mode>]`,
+# `emulator-fp8:<schedule>:<order>[+<bias mode>]`, `mutant:<fault>[@<s>]:<base>`.
+PATTERN_PREFIXES = ("emulator:", "emulator-fp8:", "mutant:")
+
+
+def plugin_registrations() -> dict[str, list]:
+    """The `alibi.kernels` entry points of the installed packages, by name (none is loaded): a list for each, since
+    two packages can register one name (`alibi.kernels.plugins` refuses such a name rather than pick one)."""
+    found: dict[str, list] = {}
+    for ep in entry_points(group="alibi.kernels"):
+        found.setdefault(ep.name, []).append(ep)
+    return found
 
 
 def plugin_entry_points() -> dict[str, object]:
-    """The `alibi.kernels` entry points of the installed packages, by name (none is loaded)."""
-    return {ep.name: ep for ep in entry_points(group="alibi.kernels")}
+    """The `alibi.kernels` entry points of the installed packages, by name (none is loaded; of a name two packages
+    register, the last)."""
+    return {name: eps[-1] for name, eps in plugin_registrations().items()}
 
 
 def did_you_mean(name: str, known: list[str]) -> str:

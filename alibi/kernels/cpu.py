@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
 
 
@@ -35,6 +36,32 @@ class EmulatorKernel(Kernel):
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         return exact_accumulator(a_q, w_q).to(torch.int32)
+
+
+class Fp8EmulatorKernel(Kernel):
+    """The fp8 counterpart of `emulator:<order>`: the accumulator a declared schedule prescribes (the measured
+    Hopper step model, `alibi.exact.fp8_mma`), then an epilogue model. Runs on the GPU when there is one (the same
+    bits as on the CPU: every operation is exact float64 arithmetic or one IEEE fp32 operation), else on the CPU."""
+
+    formats = ("fp8_e4m3",)
+    PREFIX = "emulator-fp8:"
+
+    def __init__(self, schedule: AccumulationSchedule, epilogue: EpilogueModel):
+        self.accumulation, self.epilogue = schedule, epilogue
+        model = epilogue.name.replace("+fma", "", 1) if epilogue.bias == "fma" else epilogue.name
+        self.name = f"{self.PREFIX}{schedule.label}:{model}"
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.description = f"fp8 step model, {schedule.describe()}; {epilogue.name} epilogue (reference)"
+
+    def available(self) -> tuple[bool, str]:
+        return True, f"reference emulator of the measured sm_90 fp8 step model (exact, on the {self.device})"
+
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return apply_epilogue(self.epilogue, accumulate(self.accumulation, a_q, w_q), s_a, s_w, bias, out_dtype)
+
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
+        return accumulate(self.accumulation, a_q, w_q)
 
 
 class TorchCpuKernel(Kernel):

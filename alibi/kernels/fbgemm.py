@@ -48,6 +48,7 @@ import torch
 
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import EpilogueModel
+from alibi.exact.fp8_mma import FAST_ACCUM
 from alibi.io.digests import sha256_file
 from alibi.kernels.base import Kernel
 
@@ -115,6 +116,9 @@ class FbgemmFp8RowKernel(Kernel):
 
     name = "fbgemm-fp8-row"
     formats = ("fp8_e4m3",)
+    # `_kernel_matmul_fp8_row` chains `acc = tl.dot(a, b, acc)` over every K tile of an output tile (SPLIT_K 1 in
+    # the configuration offered): Triton's sm90 default never promotes the chain.
+    accumulation = FAST_ACCUM
     device = "cuda"
     epilogue = FBGEMM_FP8_ROW
     description = ("FBGEMM's pure-Triton matmul_fp8_row (fbgemm-gpu-genai 1.6.0 fp8_gemm.py): fp32 accumulation, "

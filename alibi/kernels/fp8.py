@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel
+from alibi.exact.fp8_mma import FAST_ACCUM, PROMOTE_128
 from alibi.kernels import nvcc
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import (
@@ -77,6 +78,7 @@ class CutlassFp8Kernel(CutlassKernel):
     formats = ("fp8_e4m3",)
     operand_dtype = torch.float8_e4m3fn
     epilogue = CUTLASS_FP8_EPILOGUE
+    accumulation = FAST_ACCUM  # KernelTmaWarpSpecialized*FP8FastAccum: one wgmma chain over K, never promoted
     description = ("CUTLASS 3 fp8 e4m3 scaled-mm on sm90 (fp32 fast accumulation, vLLM's schedules), "
                    "epilogue w_then_a with the bias in one FMA")
 
@@ -117,6 +119,9 @@ class ScaledMmFp8Kernel(Kernel):
     device = "cuda"
     tensorwise = False
     use_fast_accum = False  # torch's default: cuBLASLt promotes the accumulator to full fp32
+    # cuBLASLt documents neither its promotion interval nor its split-K choice; measured per shape on the H100
+    # (alibi identify --schedule, docs/fp8.md): promotion every 128 k.
+    accumulation = PROMOTE_128
 
     def __init__(self) -> None:
         self.last_run: dict[str, Any] = {}

@@ -34,13 +34,14 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from alibi.errors import InputError
-from alibi.exact.emulator import EpilogueModel, exact_accumulator, fma_f32, int32_wrap
+from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator, fma_f32, int32_wrap
+from alibi.exact.fp8_mma import AccumulationSchedule, SplitK, accumulate
 from alibi.exact.numerics import is_subnormal, round_to
 from alibi.kernels.base import Kernel, KernelOutput, UnavailableKernel, operands, private_copy
 from alibi.tiles.tile import Tile
@@ -567,6 +568,111 @@ class MutantKernel(Kernel):
         return None if acc is None else acc.to(a_q.device)
 
 
+# --- fp8 mutants: faults in the accumulation schedule -------------------------------------------------
+
+def _wrong_promotion(s: AccumulationSchedule) -> AccumulationSchedule:
+    return replace(s, label=f"{s.label} with a wrong promotion interval",
+                   promotion_k=128 if s.promotion_k is None else 2 * s.promotion_k)
+
+
+def _reordered_split(s: AccumulationSchedule) -> AccumulationSchedule:
+    return replace(s, label=f"{s.label} split 4 ways, reduced in reverse", split_k=SplitK(SPLIT_K, 128, "descending"))
+
+
+@dataclass(frozen=True)
+class Fp8Fault:
+    """A fault in an fp8 kernel's accumulation: `schedule` turns the declared schedule into the faulty one, or
+    `drop_last_chunk` leaves the last 32 products of K out of the sum; summary: one line for tables."""
+
+    name: str
+    summary: str
+    schedule: Callable[[AccumulationSchedule], AccumulationSchedule] | None = None
+    drop_last_chunk: bool = False
+
+
+FP8_FAULTS: dict[str, Fp8Fault] = {f.name: f for f in (
+    Fp8Fault("promotion-interval", "chains promoted into fp32 at another interval than declared (every 128 k for a "
+             "never-promoting schedule, twice the declared interval otherwise)", _wrong_promotion),
+    Fp8Fault("dropped-k-chunk", "the last 32 products of K left out of the sum", drop_last_chunk=True),
+    Fp8Fault("reordered-split-k", f"K split into {SPLIT_K} parts reduced in fp32 in reverse order", _reordered_split),
+    Fp8Fault("null", "no fault: the base's own output (false-positive control)"),
+)}
+
+
+class Fp8MutantKernel(Kernel):
+    """An fp8 `base` whose selected outputs are recomputed from its declared schedule with a fault in it (and its
+    declared epilogue); it declares the base's schedule and epilogue all the same."""
+
+    formats = ("fp8_e4m3",)
+
+    def __init__(self, f: Fp8Fault, severity: Severity, base: Kernel, name: str | None = None):
+        if "fp8_e4m3" not in base.formats:
+            raise InputError(f"fp8 fault {f.name!r} needs an fp8 base; {base.name!r} handles {', '.join(base.formats)}")
+        self.fault, self.severity, self.base = f, severity, base
+        self.name = name or mutant_name(f.name, severity, base.name)
+        self.device, self.epilogue, self.accumulation = base.device, base.epilogue, base.accumulation
+        self.description = f"positive control: {base.name} with {f.summary} ({severity.label}); declares its schedule"
+
+    def available(self) -> tuple[bool, str]:
+        ok, reason = self.base.available()
+        return ok, f"fp8 {self.fault.name} around {self.base.name}: {reason}"
+
+    def epilogue_at(self, M: int) -> EpilogueModel | None:
+        return self.base.epilogue_at(M)
+
+    def schedule_at(self, M: int, N: int, K: int) -> AccumulationSchedule | None:
+        return self.base.schedule_at(M, N, K)
+
+    def torch_device(self) -> torch.device:
+        return self.base.torch_device()
+
+    def evidence(self) -> dict[str, Any]:
+        ev = self.base.evidence()
+        ev.update(kernel=self.name, mutant={"fault": self.fault.name, "severity": self.severity.label,
+                                            "base": self.base.name, "implementation": "wrapper", "how": "recompute"})
+        return ev
+
+    def _faulty_acc(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+        M, K = a_q.shape
+        declared = self.base.schedule_at(M, w_q.shape[0], K)
+        if declared is None or not declared.deterministic:
+            raise InputError(f"mutant {self.name!r}: its base declares no deterministic fp8 schedule at this shape, "
+                             "so the fault cannot be computed from it")
+        schedule = self.fault.schedule(declared) if self.fault.schedule else declared
+        if self.fault.drop_last_chunk:
+            last = (K - 1) // 32 * 32
+            a_q = a_q.clone()
+            a_q.view(torch.uint8)[:, last:] = 0
+        return accumulate(schedule, a_q, w_q)
+
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
+            evidence: bool = True, wait: bool = True) -> KernelOutput:
+        self.require_available()
+        if tile.fmt not in self.formats:
+            raise InputError(f"kernel {self.name!r} handles fp8 tiles; tile {tile.name!r} is {tile.fmt}")
+        base = self.base.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
+        if self.fault.name == "null":
+            return base
+        dev = base.out.device
+        a_q, w_q = tile.a_q.to(dev), tile.w_q.to(dev)
+        acc = self._faulty_acc(a_q, w_q)
+        faulty = apply_epilogue(self.base.epilogue_at(tile.M), acc, tile.s_a.to(dev), tile.s_w.to(dev),
+                                None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
+        mask = self.severity.mask((tile.M, tile.N)).to(dev)
+        out = torch.where(mask, faulty, base.out)
+        exposed = None if base.acc is None else torch.where(mask, acc, base.acc.to(dev))
+        ev = dict(base.evidence)
+        ev.update(kernel=self.name, mutant=self.evidence()["mutant"] if evidence else None)
+        return KernelOutput(out=out, acc=exposed, evidence=ev)
+
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
+        base = self.base.accumulator(a_q, w_q)
+        if base is None:
+            return None
+        mask = self.severity.mask((a_q.shape[0], w_q.shape[0])).to(base.device)
+        return torch.where(mask, self._faulty_acc(a_q.to(base.device), w_q.to(base.device)), base)
+
+
 # --- native Triton variants -----------------------------------------------------------------------
 
 NATIVE_BASE = "triton-native"
@@ -633,6 +739,12 @@ def parse_mutant(name: str, kernel_named: Callable[[str], Kernel]) -> Kernel:
     if m is None:
         raise InputError(f"kernel {name!r}: a mutant is named mutant:<fault>[@<severity>]:<base>, "
                          f"e.g. mutant:scale-bf16@pct:torch-cpu")
+    if m.group("fault") in FP8_FAULTS and m.group("base") != NATIVE_BASE:
+        base = kernel_named(m.group("base"))
+        if "fp8_e4m3" in base.formats and ("int8" not in base.formats or m.group("fault") not in FAULTS):
+            fp8 = FP8_FAULTS[m.group("fault")]
+            severity = Severity.parse(m.group("severity")) if m.group("severity") else ALL
+            return Fp8MutantKernel(fp8, severity, base, name)
     f = fault(m.group("fault"))
     severity = severity_for(f, m.group("severity"))
     if m.group("base") == NATIVE_BASE:
@@ -647,6 +759,8 @@ __all__ = [
     "ALL",
     "DEFAULT_SEVERITY",
     "FAULTS",
+    "FP8_FAULTS",
+    "Fp8MutantKernel",
     "NATIVE_SWITCHES",
     "Fault",
     "MutantKernel",

@@ -1,11 +1,13 @@
 """Kernel registry: built-in kernels (imported lazily) plus the `alibi.kernels` entry-point group.
 
 Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
-`torch-cpu`, `triton`, `triton:w_then_a+fma`, the kernels of `alibi.kernels.catalog.BUILTIN`, and the positive controls
+`emulator-fp8:<schedule>:<order>[+<bias mode>]` (the fp8 step model under a declared accumulation schedule, e.g.
+`emulator-fp8:fast-accum:w_then_a`, `emulator-fp8:promote-128:a_then_w+add_after_cast`), `torch-cpu`, `triton`, `triton:w_then_a+fma`, the kernels of `alibi.kernels.catalog.BUILTIN`, and the positive controls
 `mutant:<fault>[@<severity>]:<base>` (any int8 base; see `alibi.kernels.mutants`). A third-party
 package registers its own kernel under the entry-point group `alibi.kernels`
 (`name = "pkg.module:KernelClass"`); the object loaded must be a zero-argument callable returning a
-`Kernel`.
+`Kernel` named like its entry point. `alibi.kernels.plugins` loads it isolated (a time limit, every exception caught)
+and refuses one that fails, hangs, lies about its name or takes a built-in's name.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from alibi.errors import InputError, one_line
+from alibi.errors import InputError
 from alibi.exact.emulator import ORDERS, EpilogueModel
 from alibi.kernels.base import Kernel, UnavailableKernel
-from alibi.kernels.catalog import BUILTIN, did_you_mean, plugin_entry_points
-from alibi.kernels.cpu import EmulatorKernel
+from alibi.kernels.catalog import BUILTIN, did_you_mean, plugin_registrations
+from alibi.kernels.plugins import load_plugin, shadowed, shadowing_reason
+from alibi.exact.fp8_mma import parse_schedule
+from alibi.kernels.cpu import EmulatorKernel, Fp8EmulatorKernel
 from alibi.kernels.mutants import parse_mutant
 
 _BUILTIN = BUILTIN
@@ -29,12 +33,22 @@ def register(name: str, factory: Callable[[], Kernel]) -> None:
     _EXTRA[name] = factory
 
 
-def _plugins() -> dict[str, object]:
-    return plugin_entry_points()
+def _plugins() -> dict[str, list]:
+    """The installed plugins by name (each with every package's entry point of that name), but for those whose name
+    is a built-in's or a registered kernel's: that name means the built-in (`shadowing_plugins` lists them)."""
+    return {name: eps for name, eps in plugin_registrations().items() if shadowed(name, _EXTRA) is None}
+
+
+def shadowing_plugins() -> list[tuple[str, str]]:
+    """(entry-point name, why it is refused) of each installed plugin registered under a built-in's name (or a
+    registered kernel's), which is never loaded: `alibi kernels` lists them apart, marked."""
+    return [(name, shadowing_reason(ep, what)) for name, eps in sorted(plugin_registrations().items())
+            if (what := shadowed(name, _EXTRA)) is not None for ep in eps]
 
 
 def kernel_names() -> list[str]:
     emulators = [f"emulator:{o}" for o in ORDERS]
+    emulators += [f"{Fp8EmulatorKernel.PREFIX}{s}:{o}" for s in ("fast-accum", "promote-128") for o in ORDERS]
     return emulators + sorted(_BUILTIN) + sorted(_EXTRA) + sorted(_plugins())
 
 
@@ -51,6 +65,8 @@ def get_kernel(name: str) -> Kernel:
     """The kernel called `name`; InputError listing the known names otherwise."""
     if name.startswith("emulator:"):
         return _emulator(name)
+    if name.startswith(Fp8EmulatorKernel.PREFIX):
+        return _fp8_emulator(name)
     if name in _EXTRA:
         return _EXTRA[name]()
     if name in _BUILTIN:
@@ -59,25 +75,8 @@ def get_kernel(name: str) -> Kernel:
         return parse_mutant(name, get_kernel)
     plugins = _plugins()
     if name in plugins:
-        return _load_plugin(name, plugins[name])
+        return load_plugin(name, plugins[name])
     raise InputError(f"unknown kernel {name!r}; {did_you_mean(name, kernel_names())} (see 'alibi kernels')")
-
-
-def _load_plugin(name: str, entry_point: object) -> Kernel:
-    """The kernel a third-party package registers, or an `UnavailableKernel` saying in one line why it cannot be
-    loaded (a missing module, a factory that raises, an object that is not a `Kernel`): one broken package must
-    not hide every other kernel, and its failure is not a finding (`alibi conform` exits 3 naming it)."""
-    target = getattr(entry_point, "value", "?")
-    try:
-        kernel = entry_point.load()()  # type: ignore[attr-defined]
-    except Exception as exc:  # noqa: BLE001 - foreign code: any failure to load is the reason it is unavailable
-        return UnavailableKernel(name, f"plugin entry point {name} = {target!r} cannot be loaded "
-                                       f"({type(exc).__name__}: {one_line(str(exc))[:200]}); fix or uninstall "
-                                       "the package that registers it")
-    if not isinstance(kernel, Kernel):
-        return UnavailableKernel(name, f"plugin entry point {name} = {target!r} returned {type(kernel).__name__}, "
-                                       "not an alibi.kernels.base.Kernel; fix the package that registers it")
-    return kernel
 
 
 def _emulator(name: str) -> Kernel:
@@ -87,6 +86,17 @@ def _emulator(name: str) -> Kernel:
     except InputError as exc:
         raise InputError(f"unknown kernel {name!r}: {exc}") from None
     return EmulatorKernel(model)
+
+
+def _fp8_emulator(name: str) -> Kernel:
+    schedule, sep, spec = name.removeprefix(Fp8EmulatorKernel.PREFIX).partition(":")
+    if not sep:
+        raise InputError(f"unknown kernel {name!r}: expected {Fp8EmulatorKernel.PREFIX}<schedule>:<epilogue model>, "
+                         "e.g. emulator-fp8:fast-accum:w_then_a")
+    try:
+        return Fp8EmulatorKernel(parse_schedule(schedule), EpilogueModel.parse(spec))
+    except InputError as exc:
+        raise InputError(f"unknown kernel {name!r}: {exc}") from None
 
 
 __all__ = ["get_kernel", "kernel_names", "register"]

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from alibi.exact.fp8_mma import FAST_ACCUM, AccumulationSchedule
 from alibi.kernels.triton_int8 import (
     TRITON_IMPORT_ERROR,
     TritonScaledMmKernel,
@@ -87,6 +88,14 @@ class TritonFp8Kernel(TritonScaledMmKernel):
         if (major, minor) < (8, 9):
             return False, f"fp8 e4m3 tl.dot needs compute capability 8.9 or newer; this GPU is sm_{major}{minor}"
         return True, f"native Triton {triton.__version__} on {torch.cuda.get_device_name()} (sm_{major}{minor})"
+
+    def schedule_at(self, M: int, N: int, K: int) -> AccumulationSchedule | None:
+        """sm90: one `wgmma` chain over K (`acc = tl.dot(a, w, acc)`, `max_num_imprecise_acc = 2**30`: never
+        promoted). Elsewhere none is declared: the interpreter sums each BLOCK_K slice with numpy's float32 matmul
+        (whose order is the host BLAS's), and other GPUs run other instructions."""
+        if interpreted() or torch.cuda.get_device_capability() != (9, 0):
+            return None
+        return FAST_ACCUM
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

@@ -79,6 +79,7 @@ import torch.nn.functional as F
 
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
+from alibi.exact.fp8_mma import FAST_ACCUM
 from alibi.io.digests import sha256_bytes, sha256_file
 from alibi.kernels.base import Kernel
 from alibi.kernels.cutlass import check_operands
@@ -542,6 +543,9 @@ class VllmCutlassFp8Kernel(VllmCutlassKernel):
     formats = ("fp8_e4m3",)
     operand_dtype = torch.float8_e4m3fn
     epilogue = EpilogueModel("w_then_a", "fma")  # M > 64 without batch-invariant mode; see epilogue_at
+    # every sm90 fp8 configuration of vLLM's dispatch is an FP8FastAccum schedule with a persistent scheduler
+    # (no split-K, no stream-K): one wgmma chain over K; swapping A and B leaves the products unchanged
+    accumulation = FAST_ACCUM
     vllm_linear_kernels = ("CutlassFP8ScaledMMLinearKernel",)
     description = ("vLLM's compiled CUTLASS fp8 e4m3 scaled-mm (fp32 fast accumulation): w_then_a+fma for M > 64, "
                    "a_then_w+fma for M <= 64 (swapped operands) or with VLLM_BATCH_INVARIANT=1")

@@ -15,6 +15,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.quant import (
+    quantize_fp8_rows,
     quantize_per_token,
     quantize_weight_per_channel,
     weight_scale_per_channel,
@@ -36,7 +37,10 @@ class Preset:
 
     bias: give every tile a bf16 bias (exercises the bias modes of the epilogues);
     probe: append the `epilogue-probe` tile, on which the scale orders disagree often, so that
-      the epilogue-model check can tell models apart even when the layer tiles are too small to.
+      the epilogue-model check can tell models apart even when the layer tiles are too small to;
+    fmt: `int8`, or `fp8_e4m3`: the same operands quantized per token and per channel to e4m3
+      (`alibi.exact.quant.quantize_fp8_rows`); fp8_scales `tensor`: one scale per operand instead (what
+      `cublaslt-fp8-tensorwise` takes).
     """
 
     name: str
@@ -47,6 +51,8 @@ class Preset:
     bias: bool = False
     description: str = ""
     probe: bool = False
+    fmt: str = "int8"
+    fp8_scales: str = "row"
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
@@ -63,6 +69,15 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            description="one decoder block of Qwen3-1.7B (7 tiles) at M=512"),
     Preset("qwen3-1.7b-full", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 28, 512,
            description="all 196 decoder linear layers of Qwen3-1.7B at M=512 (GPU-sized)"),
+    Preset("smollm2-135m-fp8", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, fmt="fp8_e4m3",
+           description="one decoder block of SmolLM2-135M (7 tiles), 32 tokens, e4m3 operands with per-token "
+                       "and per-channel fp32 scales"),
+    Preset("qwen3-1.7b-fp8", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 1, 512, fmt="fp8_e4m3",
+           description="one decoder block of Qwen3-1.7B (7 tiles) at M=512 in e4m3 (GPU-sized)"),
+    Preset("smollm2-135m-fp8-tensor", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, fmt="fp8_e4m3", fp8_scales="tensor",
+           description="as smollm2-135m-fp8 with one scale per operand (per-tensor)"),
+    Preset("tiny-fp8", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8, fmt="fp8_e4m3",
+           description="two small e4m3 tiles for tests"),
     Preset("tiny", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8,
            description="two small tiles for tests"),
     Preset("epilogue-probe", "probe", (("probe", 256, 256),), 1, 64,
@@ -119,8 +134,14 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
     for layer in range(p.layers):
         for kind, K, N in p.block:
             x, w = _operands(gen, rows, K, N)
-            a_q, s_a = quantize_per_token(x)
-            w_q, s_w = quantize_weight_per_channel(w, weight_scale_per_channel(w, torch.bfloat16))
+            if p.fmt == "fp8_e4m3" and p.fp8_scales == "tensor":
+                (a_q, s_a), (w_q, s_w) = quantize_fp8_rows(x.reshape(1, -1)), quantize_fp8_rows(w.reshape(1, -1))
+                a_q, w_q = a_q.reshape(rows, K), w_q.reshape(N, K)
+            elif p.fmt == "fp8_e4m3":
+                (a_q, s_a), (w_q, s_w) = quantize_fp8_rows(x), quantize_fp8_rows(w)
+            else:
+                a_q, s_a = quantize_per_token(x)
+                w_q, s_w = quantize_weight_per_channel(w, weight_scale_per_channel(w, torch.bfloat16))
             bias = (0.05 * torch.randn(N, generator=gen)).to(torch.bfloat16) if p.bias else None
             meta = {"source": f"synthetic:{preset}", "seed": str(seed), "model": p.model,
                     "layer": str(layer), "kind": kind}

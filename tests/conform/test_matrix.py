@@ -22,7 +22,9 @@ from alibi.kernels.registry import _EXTRA, get_kernel, register
 from alibi.tiles.synthetic import synthetic_tiles
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLISHED_SHA256 = "2aad37780e50685cb45a825f5fb009e367ce40ec9930235aa9d67d4e6c208a8c"
+PUBLISHED_SHA256 = "cd440761d481107e552f7e5755a64a441360af14de21214a630fb20cdda20085"
+# v1, still read: docs/schemas/alibi.matrix.v1.schema.json
+PUBLISHED_V1_SHA256 = "2aad37780e50685cb45a825f5fb009e367ce40ec9930235aa9d67d4e6c208a8c"
 
 try:
     import torchao  # noqa: F401
@@ -160,8 +162,9 @@ def test_matrix_json_validates_against_its_published_schema_and_reads_back(matri
     assert Matrix.from_json(matrix.to_json()) == matrix
 
 
-def test_the_published_schema_file_is_unchanged():
+def test_the_published_schema_files_are_unchanged():
     assert sha256_file(ROOT / SCHEMA_FILE) == PUBLISHED_SHA256
+    assert sha256_file(ROOT / "docs/schemas/alibi.matrix.v1.schema.json") == PUBLISHED_V1_SHA256
 
 
 def test_the_cli_writes_json_markdown_html_and_manifest(tmp_path):
