@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.io.typed import to_plain
 from alibi.kernels.catalog import check_kernel_name
 
 
@@ -30,8 +32,6 @@ DEFAULT_FP8_SHAPES = ("1x576x1536", "64x256x1024", "256x1536x576", "16x128x4096"
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
-    from alibi.errors import InputError
-
     try:
         M, N, K = (int(x) for x in text.lower().split("x"))
     except ValueError:
@@ -43,8 +43,8 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def run_fp8(args: argparse.Namespace, kernel) -> int:
     """Read an fp8 kernel's accumulation schedule at each shape and check its declaration bit for bit."""
+    # deferred: keeps torch out of start-up
     from alibi.controls.fp8_schedule import identify_schedule
-    from alibi.io.typed import to_plain
 
     shapes = [parse_shape(s) for s in (args.shape or DEFAULT_FP8_SHAPES)]
     found = identify_schedule(kernel, shapes, seed=args.seed)
@@ -77,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
     if "int8" not in kernel.formats and "fp8_e4m3" in kernel.formats:
         return run_fp8(args, kernel)
     if args.shape:
-        from alibi.errors import InputError
         raise InputError(f"--shape applies to fp8 kernels; {kernel.name} takes {', '.join(kernel.formats)}")
     if args.tiles:
         tiles = load_tile_dir(args.tiles)

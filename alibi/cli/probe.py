@@ -6,6 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.errors import InputError
+from alibi.governance.environment import environment_record
+from alibi.io.atomic import staged_dir
+
 INSTRUCTIONS = ("wgmma", "mma")
 
 
@@ -25,17 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from alibi.errors import InputError
-
     wanted = [i for i in args.instructions.split(",") if i]
     unknown = [i for i in wanted if i not in INSTRUCTIONS]
     if unknown or not wanted:
         raise InputError(f"--instructions: unknown or empty {unknown or wanted}; choose from {', '.join(INSTRUCTIONS)}")
     # deferred: keeps torch out of start-up
+    import torch
+
     from alibi.controls.fp8_probe import Fp8ProbeResult, probe_instruction
     from alibi.exact.fp8_mma import WGMMA_FP8
-    from alibi.governance.environment import environment_record
-    from alibi.io.atomic import staged_dir
     from alibi.kernels.triton_mma import mma_chain, require_gpu
 
     require_gpu()
@@ -49,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
         instrument(*_warmup())  # compiles and reads the PTX before the families run
         results.append(probe_instruction(instruction, instrument, seed=args.seed, ptx=seen["ptx"]))
     env = environment_record()
-    import torch
     result = Fp8ProbeResult(torch.cuda.get_device_name(), env, WGMMA_FP8.name, tuple(results))
     with staged_dir(args.out) as stage:
         (stage / "probe.json").write_text(result.to_json(), encoding="utf-8")
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _warmup():
+    # deferred: keeps torch out of start-up
     import torch
     z = torch.zeros((16, 32), dtype=torch.float8_e4m3fn)
     return z, z, torch.zeros((16, 16))
