@@ -14,7 +14,8 @@ sm_90 `wgmma` FP8 instruction and measured on this project's GPUs by `alibi prob
    grid `2^(E − align_bits)` (`align_cut`: toward zero as published, or toward −∞ as a sign-fill shift would).
 3. The cut terms are summed exactly; the sum is renormalised and cut to `result_bits` fractional bits
    (`result_cut`): an fp32 whose 10 low mantissa bits are zero.
-4. NaN/Inf follow IEEE through the exact sum; a NaN result is `nan_bits`.
+4. NaN/Inf follow IEEE through the exact sum; a NaN result is `nan_bits`; an exact zero sum is +0 whatever the
+   signs of the zero terms (measured on the H100: all −0 products with C = −0 give +0, where IEEE addition gives −0).
 
 A *chain* feeds each step's result to the next as `C` (a kernel's accumulator register across its K loop). A
 *promotion* adds a chain into a separate full-fp32 accumulator every `promotion_k` products and starts a fresh
@@ -132,8 +133,9 @@ def _cut(x: torch.Tensor, how: str) -> torch.Tensor:
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
-    """2^e for an integer tensor, exact in float64 for |e| ≤ 1022."""
-    return torch.pow(2.0, e.to(torch.float64))
+    """2^e (float64) for an integer tensor with −1022 ≤ e ≤ 1023, built from its bit pattern: exact on every device.
+    (`torch.pow(2.0, e)` is not: on the H100 it returned values a few ulps off, which moved cuts by one unit.)"""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
 def step(prod: torch.Tensor, prod_exp: torch.Tensor, c: torch.Tensor, model: StepModel = WGMMA_FP8) -> torch.Tensor:
@@ -158,10 +160,8 @@ def step(prod: torch.Tensor, prod_exp: torch.Tensor, c: torch.Tensor, model: Ste
     else:
         value = total / up + cv  # exact in float64: both lie on grids far above 2^-1074, within 2^53 of each other's
     result = _renormalise(value, model)
-    out = result.to(torch.float32)
-    # IEEE zero sign: an exact zero sum is +0 unless every term is −0 (all products and C negative zeros)
-    all_neg_zero = (torch.signbit(prod) & (prod == 0)).all(-1) & torch.signbit(c64) & (c64 == 0)
-    out = torch.where((result == 0) & all_neg_zero, torch.full_like(out, -0.0), out)
+    # An exact zero sum is +0, even when every term is −0 (measured: the hardware's sum has no sign of zero)
+    out = torch.where(result == 0, torch.zeros_like(result), result).to(torch.float32)
     if bool(special.any()):
         out = torch.where(special, _special(prod, c64, model), out)
     return out

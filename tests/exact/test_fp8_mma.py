@@ -129,9 +129,10 @@ def test_nan_and_infinities_follow_ieee_through_the_sum():
     assert math.isnan(dot([(math.inf, 0.0)], fmt=(E5M2, E5M2)))
 
 
-def test_an_exact_zero_sum_is_positive_unless_every_term_is_a_negative_zero():
+def test_an_exact_zero_sum_is_positive_even_when_every_term_is_a_negative_zero():
+    # measured on the H100 (alibi probe fp8-mma, specials): IEEE addition would give -0 for the second case
     assert f32_bits(dot([(1.0, 1.0), (-1.0, 1.0)])) == 0
-    assert f32_bits(dot([(-0.0, 1.0)] * 32, c=-0.0)) == 0x80000000
+    assert f32_bits(dot([(-0.0, 1.0)] * 32, c=-0.0)) == 0
     assert f32_bits(dot([(1.0, 1.0), (-1.0, 1.0)], c=-0.0)) == 0
 
 
