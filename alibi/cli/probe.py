@@ -35,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--instructions: unknown or empty {unknown or wanted}; choose from {', '.join(INSTRUCTIONS)}")
     # deferred: keeps torch out of start-up
     import torch
-
     from alibi.controls.fp8_probe import Fp8ProbeResult, probe_instruction
     from alibi.exact.fp8_mma import WGMMA_FP8
     from alibi.kernels.triton_mma import mma_chain, require_gpu

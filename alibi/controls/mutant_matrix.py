@@ -243,6 +243,12 @@ class Recorder(Kernel):
     def torch_device(self) -> torch.device:
         return self.inner.torch_device()
 
+    def epilogue_at(self, M: int):
+        return self.inner.epilogue_at(M)
+
+    def schedule_at(self, M: int, N: int, K: int):
+        return self.inner.schedule_at(M, N, K)
+
     def evidence(self) -> dict[str, Any]:
         return self.inner.evidence()
 

@@ -41,7 +41,7 @@ if want measure; then
 fi
 if want matrix; then
   K8=cutlass-fp8,triton-fp8,cublaslt-fp8,fbgemm-fp8-row,vllm-cutlass-fp8,emulator-fp8:fast-accum:w_then_a,emulator-fp8:promote-128:w_then_a+add_before_cast
-  for M in 32 256; do
+  for M in ${FP8_MATRIX_ROWS:-256 32}; do
     timeout $(( $(left) - 40 )) python -m alibi matrix --available-only --kernels "$K8" --synthetic smollm2-135m-fp8 \
       --rows $M --out "$R/matrix-m$M" --quiet > "$R/matrix-m$M.txt" 2>&1; stamp "matrix M=$M: rc $?"
     head -n 30 "$R/matrix-m$M.txt" >> "$OUT/summary.txt"
@@ -50,6 +50,9 @@ if want matrix; then
     --kernels cutlass-fp8,triton-fp8,cublaslt-fp8,cublaslt-fp8-tensorwise,emulator-fp8:promote-128:product_first+add_before_cast \
     --out "$R/matrix-tensor" --quiet > "$R/matrix-tensor.txt" 2>&1; stamp "matrix tensor: rc $?"
   head -n 20 "$R/matrix-tensor.txt" >> "$OUT/summary.txt"
+  timeout $(( $(left) - 30 )) python -m alibi mutants --base cutlass-fp8 --synthetic smollm2-135m-fp8 --rows 64 \
+    --severity one,all --out "$R/mutants-fp8" > "$R/mutants-fp8.txt" 2>&1; stamp "mutants fp8: rc $?"
+  tail -n 20 "$R/mutants-fp8.txt" >> "$OUT/summary.txt"
 fi
 if want gputests; then
   timeout $(( $(left) - 15 )) python -m pytest -q -m gpu -p no:cacheprovider tests/exact/test_fp8_mma.py \

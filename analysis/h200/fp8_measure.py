@@ -29,8 +29,8 @@ from alibi.kernels.triton_mma import mma_chain
 
 KERNELS = ("cutlass-fp8", "triton-fp8", "cublaslt-fp8", "cublaslt-fp8-tensorwise", "vllm-cutlass-fp8", "fbgemm-fp8-row")
 SMOLLM2 = ((576, 576), (192, 576), (1536, 576), (576, 1536))
-SHAPES = ([(M, N, K) for M in (32, 256) for N, K in SMOLLM2] + [(1, 576, 1536), (16, 1536, 576), (64, 128, 4096),
-          (16, 256, 8192), (128, 1024, 4096), (64, 128, 16384), (256, 2048, 2048), (8, 64, 2048)])
+SHAPES = ([(256, N, K) for N, K in SMOLLM2] + [(32, 576, 1536), (1, 576, 1536), (16, 256, 8192), (64, 128, 16384),
+          (128, 1024, 4096)])
 RECORD_SHAPES = ((1, 64, 256), (16, 96, 544), (64, 128, 1024), (128, 64, 2048))
 
 
@@ -155,7 +155,7 @@ def main() -> int:
 
 DEPTH_PAIRS = (("cutlass-fp8", "cublaslt-fp8"), ("triton-fp8", "cublaslt-fp8"), ("cutlass-fp8", "triton-fp8"))
 DEPTH_KS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
-DEPTH_SEEDS = (0, 1, 2)
+DEPTH_SEEDS = (0,)
 DEPTH_M, DEPTH_N = 256, 2048
 DEPTH_ROWS = 64  # rows compared (the kernels run the sweep's full M = 256: their schedule depends on the shape)
 
