@@ -13,7 +13,7 @@ set -u -o pipefail
 : "${OUT:?set OUT}"
 REPO=$PWD
 T0=$(date +%s)
-PARTS=" ${FP8_PARTS:-probe measure matrix gputests} "
+PARTS=" ${FP8_PARTS:-probe gputests matrix measure mutants} "
 want() { case "$PARTS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 left() { echo $(( ${BUDGET_S:-540} - ($(date +%s) - T0) )); }
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
@@ -34,10 +34,10 @@ if want probe; then
   timeout $(( $(left) - 60 )) python -m alibi probe fp8-mma --out "$R/probe" > "$R/probe.log" 2>&1; stamp "probe: rc $?"
   tail -n 60 "$R/probe/summary.txt" >> "$OUT/summary.txt" 2>/dev/null
 fi
-if want measure; then
-  timeout $(( $(left) - 60 )) python analysis/h200/fp8_measure.py "$R/measure" --parts identify,record,depth \
-    > "$R/measure.log" 2>&1; stamp "measure: rc $?"
-  grep -E "^identify|^kernel|^depth" "$R/measure.log" | grep -v "^identify:" | cut -c1-260 >> "$OUT/summary.txt"
+if want gputests; then
+  timeout $(( $(left) - 15 )) python -m pytest -q -m gpu -p no:cacheprovider tests/exact/test_fp8_mma.py \
+    tests/kernels/test_fp8_gpu.py tests/conform/test_fp8_recorded.py > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
+  tail -n 5 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
 fi
 if want matrix; then
   K8=cutlass-fp8,triton-fp8,cublaslt-fp8,fbgemm-fp8-row,vllm-cutlass-fp8,emulator-fp8:fast-accum:w_then_a,emulator-fp8:promote-128:w_then_a+add_before_cast
@@ -50,14 +50,16 @@ if want matrix; then
     --kernels cutlass-fp8,triton-fp8,cublaslt-fp8,cublaslt-fp8-tensorwise,emulator-fp8:promote-128:product_first+add_before_cast \
     --out "$R/matrix-tensor" --quiet > "$R/matrix-tensor.txt" 2>&1; stamp "matrix tensor: rc $?"
   head -n 20 "$R/matrix-tensor.txt" >> "$OUT/summary.txt"
+fi
+if want measure; then
+  timeout $(( $(left) - 60 )) python analysis/h200/fp8_measure.py "$R/measure" --parts identify,record,depth \
+    > "$R/measure.log" 2>&1; stamp "measure: rc $?"
+  grep -E "^identify|^kernel|^depth" "$R/measure.log" | grep -v "^identify:" | cut -c1-260 >> "$OUT/summary.txt"
+fi
+if want mutants; then
   timeout $(( $(left) - 30 )) python -m alibi mutants --base cutlass-fp8 --synthetic smollm2-135m-fp8 --rows 64 \
     --severity one,all --out "$R/mutants-fp8" > "$R/mutants-fp8.txt" 2>&1; stamp "mutants fp8: rc $?"
   tail -n 20 "$R/mutants-fp8.txt" >> "$OUT/summary.txt"
-fi
-if want gputests; then
-  timeout $(( $(left) - 15 )) python -m pytest -q -m gpu -p no:cacheprovider tests/exact/test_fp8_mma.py \
-    tests/kernels/test_fp8_gpu.py tests/conform/test_fp8_recorded.py > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
-  tail -n 5 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
 fi
 tar -C "$OUT" -czf "$OUT/fp8.tgz" fp8 && rm -rf "$R"
 stamp "done"
