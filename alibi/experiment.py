@@ -391,8 +391,9 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     # deferred: keeps jinja2 out of start-up
     from alibi.html import write_conform_html
 
-    # The report folder is staged and renamed into place once (a kill leaves the old one or none).
-    with atomic.staged_dir(out / REPORT_DIR) as stage:
+    # The report folder is staged and renamed into place once (a kill leaves the old one or none). It is the
+    # run's own (a resumed run may find it without the run's manifest, written last): replaced unchecked.
+    with atomic.staged_dir(out / REPORT_DIR, internal=True) as stage:
         write_conform_html(report, stage)  # before report.json, which write_reports writes last
         write_reports(report, stage)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report

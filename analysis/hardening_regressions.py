@@ -102,6 +102,7 @@ _PREDICT = "test_predict_out_killed_at_its_write_leaves_the_old_file_or_the_comp
 _EVAL = "test_eval_out_killed_at_its_write_leaves_the_old_file_or_the_complete_new_one_and_no_partial"
 
 _ISSUE_26 = "2a29ac7"
+_ISSUE_36 = "578c7d7"  # the code issue 36's hostile user tried
 _KILL_POINTS = ("test_resume_without_a_plan_starts_afresh_and_says_so",
                 "test_a_kill_during_the_clean_up_leaves_nothing_the_next_run_does_not_remove",
                 "test_conform_killed_at_any_write_resumes_with_resume_to_the_bytes_of_an_uninterrupted_run")
@@ -261,6 +262,78 @@ FIXES: tuple[Fix, ...] = (
                                 "test_every_register_entry_says_why_and_what_would_make_it_again_and_is_still_unpinned",
                                 "test_a_result_that_names_its_commit_only_inside_its_json_has_a_manifest_pinning_that_commit",
                                 "test_a_json_result_of_a_dirty_tree_cannot_be_pinned_after_the_fact")),
+    # Issue 36 #3, plugins isolated and unable to impersonate: each case is the command run with a hostile plugin
+    # installed and the outcome expected, its test held against the code where it was found.
+    *(Fix(None, f"issue 36 #3: {case}", before=_ISSUE_36, tests=(f"tests/kernels/test_plugin_isolation.py::{test}",))
+      for case, test in (
+        ("`alibi kernels` / `alibi conform --kernel-a P` with P's import calling sys.exit: P listed unavailable with "
+         "the reason, the rest listed; conform exit 3, one line, no report",
+         "test_a_plugin_whose_import_calls_sys_exit_is_listed_unavailable_with_the_reason_and_the_rest_still_listed"),
+        ("`alibi kernels` with P's import hanging: P refused after ALIBI_PLUGIN_TIMEOUT, the rest listed",
+         "test_a_plugin_whose_import_hangs_is_refused_after_the_timeout_and_the_rest_still_listed"),
+        ("`alibi conform --kernel-a P` with P's import hanging: exit 3, one line, the process does not wait for it",
+         "test_conform_with_a_plugin_whose_import_hangs_exits_3_with_one_line_and_does_not_wait_for_it"),
+        ("`alibi kernels` / `alibi conform --kernel-a P` with P's available() raising, exiting or answering no "
+         "(bool, reason): P listed unavailable with the reason; conform exit 3, one line",
+         "test_a_plugin_whose_available_raises_or_answers_no_pair_is_listed_unavailable_and_conform_exits_3"),
+        ("`alibi conform --kernel-a P` with P's Kernel.name a built-in's or another name: exit 3, one line naming "
+         "both, no report under either name",
+         "test_a_plugin_whose_kernel_name_is_not_its_entry_point_name_gets_no_report_under_either_name"),
+        ("`alibi kernels` with a plugin registered as torch-cpu, emulator:…, mutant:…: one row per built-in name, "
+         "the plugin listed apart as refused; the name runs the built-in",
+         "test_a_plugin_registered_under_a_builtin_name_is_listed_apart_as_refused_and_the_name_keeps_meaning_the_builtin"),
+        ("`alibi kernels` / `alibi conform --kernel-a P` with two packages registering P: refused naming both, "
+         "exit 3", "test_two_packages_registering_one_name_are_refused_naming_both_not_one_picked_silently"),
+        ("`alibi kernels` with P declaring formats = 8 or a string epilogue: P listed unavailable naming it",
+         "test_a_plugin_with_a_malformed_declaration_is_listed_unavailable_naming_the_attribute"),
+        ("`alibi conform --kernel-a P` with P's scaled_mm calling sys.exit(0): exit 4, one line, no report",
+         "test_a_plugin_kernel_that_calls_sys_exit_while_it_runs_is_exit_4_in_one_line_not_exit_0_without_a_report"),
+        ("`ALIBI_PLUGIN_TIMEOUT=soon alibi kernels`: exit 2, one line naming it",
+         "test_a_bad_plugin_timeout_is_one_line_naming_the_setting"),
+        ("`from alibi.kernels import Kernel` (the previous README's plugin API): works, warning with the new import",
+         "test_the_previous_readmes_plugin_import_keeps_working_and_names_the_new_one"),
+        ("`alibi conform --kernel-a P` with P written against the previous README's import: loads and runs",
+         "test_a_plugin_written_against_the_previous_readme_loads_and_runs"),
+      )),
+    # Issue 36 #2, nothing alibi did not write is deleted or overwritten: each case is a command re-run over an
+    # output holding something alibi did not write, and the outcome expected; held against the code where found.
+    *(Fix(None, f"issue 36 #2: {case}", before=_ISSUE_36, tests=(test,)) for case, test in (
+        ("`alibi conform --out R` twice, then again with R/.git/HEAD and R/.notes added: exit 2, one line naming "
+         ".git/HEAD, R and the place beside it unchanged",
+         "tests/io/test_foreign_files.py::test_conform_rerun_refuses_a_folder_holding_a_file_it_did_not_write"),
+        ("`alibi conform --out R` over an earlier report whose manifest lists only report.json: exit 2 naming "
+         "junit.xml (the manifest decides, not the file names)",
+         "tests/io/test_foreign_files.py::test_conform_rerun_trusts_the_manifest_not_the_names_of_a_report_s_files"),
+        ("`alibi matrix --out M` again with M/.notes added: exit 2, one line naming .notes, M unchanged",
+         "tests/io/test_foreign_files.py::test_matrix_rerun_refuses_a_folder_holding_a_hidden_file_it_did_not_write"),
+        ("`alibi variations --overwrite --out V` with V/mine.txt added to an earlier variations output: exit 2, one "
+         "line naming mine.txt, V unchanged",
+         "tests/tokens/test_variations.py::test_variations_overwrite_refuses_a_folder_holding_a_file_the_user_added"),
+        ("`alibi pow2-rewrite IN OUT --overwrite` with OUT/.notes added to an earlier rewrite: exit 2 naming .notes, "
+         "nothing changed",
+         "tests/model/test_pow2_rewrite.py::test_overwrite_refuses_a_rewritten_checkpoint_holding_a_file_it_did_not_write"),
+        ("`alibi capture --out C` / `alibi prompts build --out S` again with .notes added: exit 2 naming it, no "
+         "stage left",
+         "tests/model/test_capture_cli.py::test_capture_and_prompts_build_refuse_an_out_holding_a_file_they_did_not_write"),
+        ("any folder output (`atomic.staged_dir`: model prepare, capture, sweep, mutants, analyze) over a folder "
+         "without a manifest: refused naming its first file, the block never runs",
+         "tests/io/test_foreign_files.py::test_a_folder_without_a_manifest_is_never_replaced_and_its_first_file_is_named"),
+        ("a folder output over an earlier one holding an empty folder the user made: refused naming it",
+         "tests/io/test_foreign_files.py::test_an_empty_folder_the_user_made_inside_an_output_is_refused"),
+        ("`model prepare`'s layout (OUT/bf16, OUT/w8a8, a manifest each, none at OUT): replaced; with a file "
+         "added in OUT/w8a8/tok: refused naming w8a8/tok/added.json",
+         "tests/io/test_foreign_files.py::test_nested_outputs_are_replaced_by_their_own_manifests_until_a_file_none_lists_appears"),
+        ("a file saved into the old output while the new one is staged: refused before the swap, the stage removed",
+         "tests/io/test_foreign_files.py::test_a_file_put_into_the_output_while_the_new_one_is_staged_is_refused_before_the_swap"),
+        ("a symbolic link at the output path: refused, the link and its target left as they were",
+         "tests/io/test_foreign_files.py::test_a_symbolic_link_at_the_output_path_is_refused_and_left_in_place"),
+        ("stages and write probes of other processes inside an output count as alibi's; a name that only looks "
+         "like one does not",
+         "tests/io/test_foreign_files.py::test_stages_and_write_probes_of_other_processes_are_alibi_s_own"),
+        ("`alibi report html DIR --out notes.html` over the user's file, and into a folder holding the user's own "
+         "report.html: exit 2, one line, the file unchanged; its own page is re-rendered",
+         "tests/io/test_foreign_files.py::test_report_html_refuses_to_overwrite_a_file_it_did_not_render"),
+    )),
 )
 
 

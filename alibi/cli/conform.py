@@ -198,18 +198,9 @@ def _units_and_report(args, pair, source, regimes, units, resume, replay, parame
     return report, parameters
 
 
-# What a conform report folder holds; an existing --out holding anything else is not replaced.
-REPORT_FOLDER_FILES = frozenset({"report.json", "report.md", "junit.xml", "report.html", "manifest.json"})
-
-
 def check_report_out(out: Path, inputs: dict[str, Path | None]) -> None:
-    """Refuse an --out that overlaps an input, cannot be written, or is a folder holding other files
-    than a conform report's (the staged report replaces the whole folder)."""
+    """Refuse an --out that overlaps an input, cannot be written, or is a folder other than an earlier
+    conform report holding only what alibi wrote (the staged report replaces the whole folder)."""
     atomic.refuse_overlap(out, inputs, what="the report folder")
     atomic.check_writable_dir(out)
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and
-                         (p.name not in REPORT_FOLDER_FILES or not p.is_file()))
-        if foreign:
-            raise InputError(f"{one_line(str(out))}: holds {one_line(foreign[0])!r}, which is not a file of a conform "
-                             "report; the report replaces the whole folder, so choose an empty or new --out")
+    atomic.check_replaceable(out, kind="report")

@@ -36,10 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# What a matrix folder holds; an existing --out holding anything else is not replaced.
-MATRIX_FOLDER_FILES = frozenset({"matrix.json", "matrix.md", "report.html", "manifest.json"})
-
-
 def run(args: argparse.Namespace) -> int:
     # deferred: keeps jinja2 and torch out of start-up
     from alibi.conform.pipeline import progress_printer, source_from_dir, source_from_preset, validate_regimes
@@ -55,12 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--ulp-threshold must be ≥ 0, got {args.ulp_threshold}")
     atomic.refuse_overlap(args.out, {"--tiles": args.tiles}, what="the matrix folder")
     atomic.check_writable_dir(args.out)
-    if args.out.is_dir():
-        foreign = sorted(p.name for p in args.out.iterdir() if not p.name.startswith(".") and
-                         (p.name not in MATRIX_FOLDER_FILES or not p.is_file()))
-        if foreign:
-            raise InputError(f"{one_line(str(args.out))}: holds {one_line(foreign[0])!r}, which is not a file of a "
-                             "matrix folder; the matrix replaces the whole folder, so choose an empty or new --out")
+    atomic.check_replaceable(args.out, kind="matrix")  # the matrix replaces the whole folder
     if args.tiles is not None:
         if args.rows is not None:
             raise InputError("--rows applies to --synthetic presets, not to --tiles")

@@ -11,11 +11,15 @@ from alibi.io import atomic
 from alibi.io.progress import progress
 
 
+FP8_DEFAULT = "smollm2-135m-fp8"  # an fp8 base's default tiles
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mutants", help="which checks catch which deliberately faulty kernel (detection matrix)",
                        description="Run the conformance checks of a base kernel against each of its mutants "
                                    "(mutant:<fault>[@<severity>]:<base>) and write the detection matrix. Without a "
-                                   "tile source: the exposing set (tiles on which every fault changes output bits).")
+                                   "tile source: the exposing set (tiles on which every fault changes output bits); for an fp8 base, "
+                                   f"the {FP8_DEFAULT} preset and the fp8 faults.")
     p.add_argument("--base", required=True, help="the int8 kernel to wrap (see 'alibi kernels')")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of int8 tile .safetensors files")
@@ -69,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
         tiles = synthetic_tiles(args.synthetic, seed=args.seed, M=args.rows)
         source = {"label": f"synthetic preset {args.synthetic} (seed {args.seed})", "kind": "synthetic",
                   "preset": args.synthetic, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
+    elif "int8" not in base.formats and "fp8_e4m3" in base.formats:
+        # an fp8 base: one SmolLM2 block in e4m3 (K of 576 and 1536: promotion and split-K faults are observable)
+        tiles = synthetic_tiles(FP8_DEFAULT, seed=args.seed, M=args.rows)
+        source = {"label": f"synthetic preset {FP8_DEFAULT} (seed {args.seed})", "kind": "synthetic",
+                  "preset": FP8_DEFAULT, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
     else:
         tiles = exposing_tiles(args.seed)
         source = {"label": f"exposing set ({', '.join(EXPOSING_TILES)}; seed {args.seed})", "kind": "exposing",

@@ -95,7 +95,7 @@ class UnitStore:
         """A fresh units folder holding `plan` (with `created_at`), created in one atomic step; an earlier
         folder at that place is replaced (a fresh run never takes units from an earlier one)."""
         folder = Path(folder)
-        with atomic.staged_dir(folder) as stage:
+        with atomic.staged_dir(folder, internal=True) as stage:
             atomic.write_text(stage / PLAN_FILE, canonical_json({**plan, "created_at": created_at}))
         return cls(folder)
 

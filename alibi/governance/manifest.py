@@ -41,7 +41,7 @@ from alibi.io.digests import digest_set, sha256_bytes, sha256_file, sha256_listi
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE_PREFIX = "https://integer-alibi.dev/"
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = atomic.MANIFEST_NAME
 TIMESTAMP_FIELD = ("predicate", "run", "created_at")
 
 # Artifact kinds the toolkit writes; `predicate_type` accepts any lowercase slug, these are documented.
@@ -441,6 +441,17 @@ def strip_timestamp(statement: Mapping[str, Any]) -> dict[str, Any]:
         node.pop(TIMESTAMP_FIELD[-1], None)
     return copy
 
+
+def _listing(path: Path) -> tuple[str, frozenset[str]] | None:
+    """A manifest's kind and subject names, or None when it is not a manifest alibi can read (`read_manifest`)."""
+    try:
+        m = read_manifest(path)
+    except InputError:
+        return None
+    return m.kind, frozenset(s.name for s in m.subjects)
+
+
+atomic.register_manifest_reader(_listing)  # the replace check of alibi.io.atomic reads manifests through it
 
 __all__ = [
     "KINDS", "MANIFEST_NAME", "STATEMENT_TYPE", "TIMESTAMP_FIELD", "Manifest", "Subject", "Treatment",

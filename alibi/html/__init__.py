@@ -121,11 +121,27 @@ def default_output(folder: str | os.PathLike, source: str | os.PathLike = "repor
     return pinned.parent / f"{pinned.name}.{HTML_NAME}"
 
 
+# What every page alibi renders carries in its head (templates/page.html.j2), within its first bytes.
+_GENERATOR = b'<meta name="generator" content="alibi '
+
+
+def _is_alibi_page(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return _GENERATOR in fh.read(4096)
+    except OSError:
+        return False
+
+
 def check_output(path: str | os.PathLike) -> Path:
-    """Refuse an output path inside a manifest-pinned folder (writing there would break its manifest)."""
+    """Refuse an output path inside a manifest-pinned folder (writing there would break its manifest),
+    and an existing file there that is not a page alibi rendered (it would be overwritten)."""
     out = Path(path)
     if out.is_dir():
         raise InputError(f"{out}: is a folder; --out names the HTML file to write, e.g. {out / HTML_NAME}")
+    if out.is_symlink() or (out.exists() and not _is_alibi_page(out)):
+        raise InputError(f"{out}: exists and is not a page alibi rendered; writing would replace it, so move it "
+                         "away or name another --out (nothing was changed)")
     pinned = pinning_manifest(out.parent)
     if pinned is not None:
         raise InputError(f"{out}: lies inside {pinned}, whose {MANIFEST_NAME} covers every file there; writing it "

@@ -21,6 +21,14 @@ Paths are checked before any work starts: `check_writable_dir` probes the neares
 folder by creating (and removing) a hidden file — `os.access` says yes to root even where nothing
 can be created, e.g. under /proc — and `refuse_overlap` refuses an output that is, contains or
 lies inside one of the command's inputs.
+
+Nothing alibi did not write is deleted: an existing folder is replaced only if alibi wrote every
+file and folder in it, hidden ones included (`check_replaceable`, which `staged_dir` applies
+before it starts and again just before the swap): each file must be listed in a manifest of the
+folder holding it or of one above it (up to the output folder), or be a manifest itself, a stage or
+a write probe. Anything else
+(a `.git/`, notes, a file added to an earlier output) is refused in one line naming it, and the
+folder is left as it was.
 """
 
 from __future__ import annotations
@@ -33,13 +41,14 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from alibi.errors import InputError, one_line
 
 STAGE_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
+PROBE_PREFIX = ".alibi-probe."
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -92,7 +101,7 @@ def remove_stale_stages(path: str | os.PathLike) -> list[Path]:
 def _probe(folder: Path) -> str | None:
     """Why a file cannot be created in the existing `folder` (None if it can): create one and remove it."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".alibi-probe.", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=folder)
     except OSError as exc:
         return exc.strerror or exc.__class__.__name__
     os.close(fd)
@@ -194,6 +203,104 @@ def refuse_overlap(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLik
                              "one inside the other); write it to a separate location, nothing in an input is changed")
 
 
+# What alibi's own writes leave inside a folder, of any process or host: stages and moved-aside
+# folders (`.<name>.alibi.<host>.<pid>.<random>.partial` / `.old`) and write probes.
+_ARTEFACT = re.compile(rf"^\..+\.alibi\.[A-Za-z0-9-]+\.\d+\.[^/]*({re.escape(STAGE_SUFFIX)}|{re.escape(OLD_SUFFIX)})$"
+                       rf"|^{re.escape(PROBE_PREFIX)}")
+
+
+# How a manifest in a folder is read: (its kind, the names it lists) or None when it is not one alibi can read.
+# Manifests are a governance concept above this layer: `alibi.governance.manifest` registers its reader here when it
+# is imported, and every check below refuses to run without it (fail closed: an output is never replaced unchecked).
+ManifestListing = Callable[[Path], "tuple[str, frozenset[str]] | None"]
+_manifest_listing: ManifestListing | None = None
+MANIFEST_NAME = "manifest.json"
+
+
+def register_manifest_reader(listing: ManifestListing) -> None:
+    """Called by `alibi.governance.manifest` on import (see `_manifest_listing`)."""
+    global _manifest_listing
+    _manifest_listing = listing
+
+
+def _listing() -> ManifestListing:
+    if _manifest_listing is None:
+        raise RuntimeError("alibi.io.atomic: no manifest reader registered; import alibi.governance.manifest before "
+                           "writing an output folder")
+    return _manifest_listing
+
+
+def foreign_entry(folder: str | os.PathLike) -> str | None:
+    """The first entry below the existing `folder` that alibi did not write, as a path relative to it
+    (a folder with a trailing `/`), or None when alibi wrote everything there.
+
+    Every file and folder counts, hidden ones included, walked in name order. alibi wrote a file when
+    a readable manifest (`manifest.json`) of its folder or of a folder above it, up to `folder`,
+    lists it; a readable manifest is alibi's too, and so are stages and write probes (`_ARTEFACT`).
+    A folder is alibi's when everything in it is and it is not empty; a symbolic link never is.
+    """
+    listing = _listing()
+    root = Path(folder)
+
+    def first(rel: str, listed: frozenset[str]) -> str | None:
+        here = root / rel if rel else root
+        prefix = f"{rel}/" if rel else ""
+        manifest = here / MANIFEST_NAME
+        if manifest.is_file() and not manifest.is_symlink():
+            read = listing(manifest)  # None: not a manifest alibi can read, which vouches for nothing, itself included
+            if read is not None:
+                listed = listed | {prefix + name for name in read[1]} | {prefix + MANIFEST_NAME}
+        with os.scandir(here) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            path = prefix + entry.name
+            if _ARTEFACT.match(entry.name):
+                continue
+            if entry.is_symlink():
+                return path
+            if entry.is_dir():
+                with os.scandir(entry.path) as it:
+                    if next(it, None) is None:
+                        return f"{path}/"
+                found = first(path, listed)
+                if found is not None:
+                    return found
+            elif path not in listed:
+                return path
+        return None
+
+    return first("", frozenset())
+
+
+def check_replaceable(path: str | os.PathLike, kind: str | None = None) -> None:
+    """InputError unless a new output may replace what is at `path`: nothing, an empty folder, or a
+    folder holding only what alibi wrote (`foreign_entry`). The message names the first foreign entry;
+    nothing is changed. kind: also require an earlier output of that manifest kind (`report`,
+    `matrix`, `replay`, `checkpoint` …) when the folder is not empty, so one command never replaces
+    another's result. A file at `path` is left to `check_writable_dir`, which refuses it.
+    """
+    path = Path(path)
+    label = one_line(str(path))
+    if path.is_symlink():
+        raise InputError(f"{label}: is a symbolic link, which alibi did not make; the output would replace it: "
+                         "remove the link or choose another output folder")
+    if not path.is_dir():
+        return
+    foreign = foreign_entry(path)
+    if foreign is not None:
+        raise InputError(f"{label}: holds {one_line(foreign)!r}, which alibi did not write (no manifest there "
+                         "lists it); the new output replaces the whole folder, so move that out of it or choose "
+                         "another output folder (nothing was changed)")
+    if kind is None or all(_ARTEFACT.match(p.name) for p in path.iterdir()):
+        return
+    read = _listing()(path / MANIFEST_NAME)
+    found = None if read is None else read[0]
+    if found != kind:
+        what = "no manifest of its own" if found is None else f"a {found} manifest"
+        raise InputError(f"{label}: holds an alibi output with {what}, not an earlier {kind} output; choose "
+                         "another output folder (nothing was changed)")
+
+
 def _normal_permissions(root: Path) -> None:
     """Give a staged tree the modes plain mkdir/open would (mkdtemp and mkstemp make 0700/0600)."""
     mask = _umask()
@@ -260,17 +367,22 @@ def discard_dir(folder: str | os.PathLike, beside: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
+def staged_dir(path: str | os.PathLike, *, overwrite: bool = True, internal: bool = False) -> Iterator[Path]:
     """Yield an empty staging folder that replaces `path` only if the block completes.
 
     With `overwrite=False` an existing `path` is refused (InputError). An existing folder that is
     overwritten is swapped out only after the new one is complete, in one atomic exchange where
-    the file system supports it. Stale stages of killed runs are removed first.
+    the file system supports it; it must hold only what alibi wrote (`check_replaceable`, checked
+    before the block and again before the swap). Stale stages of killed runs are removed first.
+    internal: `path` is a working folder alibi keeps for itself beside or inside an output (a run's
+    units, `alibi run`'s report/ before the run's manifest is written), replaced whole unchecked.
     """
     path = Path(path)
     check_writable_dir(path)
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise InputError(f"{one_line(str(path))}: already exists; remove it or choose another output folder")
+    if not internal:
+        check_replaceable(path)
     _prepare_parent(path)
     remove_stale_stages(path)
     stage = Path(tempfile.mkdtemp(prefix=_stage_prefix(path), suffix=STAGE_SUFFIX, dir=path.parent))
@@ -278,6 +390,8 @@ def staged_dir(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[P
         yield stage
         _normal_permissions(stage)
         if path.exists() or path.is_symlink():
+            if not internal:  # again: something may have been put there while the stage was filled
+                check_replaceable(path)
             _swap_in(stage, path)
         else:
             _commit(stage, path)

@@ -158,6 +158,7 @@ def capture_to_folder(model_dir: str | Path, prompts_dir: str | Path, out: str |
     (the progress line or bar adds the time since the start)."""
     atomic.refuse_overlap(out, {"--model": model_dir, "--prompts": prompts_dir}, what="the capture folder")
     atomic.check_writable_dir(out)
+    atomic.check_replaceable(out)  # before the model loads: --out is replaced whole
     model_dir = Path(model_dir)
     done = 0
 

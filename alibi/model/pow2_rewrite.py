@@ -231,18 +231,16 @@ def check_dense_source(dense: Mapping[str, torch.Tensor], tensors: Mapping[str, 
 
 def check_paths(src: Path, out: Path, requantize_from: Path | None, overwrite: bool) -> None:
     """Refuse an output that is, contains or lies inside an input, and an existing output unless
-    `overwrite` (and then only if it is a checkpoint folder or empty, never an arbitrary folder)."""
+    `overwrite` (and then only if it is empty or a checkpoint folder alibi wrote, holding nothing else:
+    `atomic.check_replaceable`, never an arbitrary folder)."""
     if not src.is_dir():
         raise InputError(f"{src}: no such checkpoint folder; pass the W8A8 checkpoint to rewrite")
     atomic.refuse_overlap(out, {"the input checkpoint": src, "--requantize-from": requantize_from},
                           what="the rewritten checkpoint")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise InputError(f"{out}: already exists; choose another output folder or pass --overwrite")
-        if not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").is_file()):
-            raise InputError(f"{out}: exists and is not a checkpoint folder; --overwrite only replaces a checkpoint "
-                             "folder (or an empty one); remove it yourself if you mean it")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise InputError(f"{out}: already exists; choose another output folder or pass --overwrite")
     atomic.check_writable_dir(out)
+    atomic.check_replaceable(out, kind="checkpoint")
 
 
 # --- I/O --------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
     atomic.refuse_overlap(out, {"--gguf": gguf}, what="the output folder")
     atomic.check_writable_dir(out)
+    atomic.check_replaceable(out)  # before the conversion: OUT is replaced whole
     done = 0
 
     def say(stage: str) -> None:

@@ -224,6 +224,7 @@ def build_prompt_set(source: SourceText, tokenizer_dir: str | Path, out: str | P
     """Tokenize `source`, cut `windows` × `tokens` windows, and write the set to `out` atomically."""
     atomic.refuse_overlap(out, {"--tokenizer": tokenizer_dir}, what="the prompt set")
     atomic.check_writable_dir(out)
+    atomic.check_replaceable(out)
     tok = _tokenizer(tokenizer_dir)
     stream = tok.encode(source.text, add_special_tokens=False).ids
     starts = select_windows(len(stream), windows, tokens)

@@ -110,26 +110,17 @@ def _overlap(a: Path, b: Path) -> bool:
 def check_output(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], overwrite: bool) -> Path:
     """Refuse an output folder that is, contains or lies inside an input (`inputs`: flag → path),
     and an existing one unless `overwrite` — and even then only an empty folder or an earlier
-    replay output (a folder whose manifest is of kind `replay`), never an arbitrary folder."""
+    replay output (a folder whose manifest is of kind `replay`) holding nothing alibi did not
+    write (`atomic.check_replaceable`), never an arbitrary folder."""
     out = Path(out)
     for flag, path in inputs.items():
         if path is not None and _overlap(out, Path(path)):
             raise InputError(f"--out {out}: overlaps {flag} {path}; write the replay to a separate folder")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise InputError(f"--out {out}: already exists; choose another folder or pass --overwrite")
-        if not out.is_dir() or (any(out.iterdir()) and not _is_replay_output(out)):
-            raise InputError(f"--out {out}: exists and is not a replay output; --overwrite replaces only an earlier "
-                             "replay folder (or an empty one): remove it yourself if you mean it")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise InputError(f"--out {out}: already exists; choose another folder or pass --overwrite")
     atomic.check_writable_dir(out)
+    atomic.check_replaceable(out, kind=MANIFEST_KIND)
     return out
-
-
-def _is_replay_output(folder: Path) -> bool:
-    try:
-        return read_manifest(folder).kind == MANIFEST_KIND
-    except InputError:
-        return False
 
 
 @dataclass(frozen=True)

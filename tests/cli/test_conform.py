@@ -43,7 +43,7 @@ def test_a_folder_named_report_json_inside_out_is_refused_before_anything_is_wri
     out = tmp_path / "r"
     (out / "report.json").mkdir(parents=True)
     main_one_line(capsys, ["conform", *EMU, "--synthetic", "tiny", "--out", str(out)],
-                  "holds 'report.json', which is not a file of a conform report")
+                  "holds 'report.json/', which alibi did not write")
     assert sorted(p.name for p in out.iterdir()) == ["report.json"] and (out / "report.json").is_dir()
 
 

@@ -156,7 +156,7 @@ def test_progress_lines_count_matrix_rows_on_stderr_and_leave_stdout_and_the_mat
     (["--base", "torch-cpu", "--faults", "bit-flip"], 2, "unknown fault 'bit-flip'"),
     (["--base", "torch-cpu", "--severity", "150%"], 2, "out of range"),
     (["--base", "torch-cpu", "--faults", "unfused-bias"], 2, "already is unfused"),
-    (["--base", "triton-fp8"], 2, "mutants wrap int8 kernels"),
+    (["--base", "triton-fp8", "--faults", "scale-bf16"], 2, "unknown fp8 fault 'scale-bf16'"),
     (["--base", "torch-cpu", "--native"], 2, "--native"),
     (["--base", "no-such-kernel"], 2, "unknown kernel"),
 ])

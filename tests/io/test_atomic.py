@@ -97,11 +97,19 @@ def test_stages_left_by_killed_processes_are_removed_by_the_next_write(tmp_path)
     assert (dest / "f").read_text() == "new"
 
 
+def _earlier_output(dest: Path) -> None:
+    """An output alibi wrote at `dest`: its file `f` ("old") and a manifest listing it."""
+    from alibi.governance.manifest import build_predicate, write_manifest
+
+    dest.mkdir()
+    (dest / "f").write_text("old")
+    write_manifest(dest, "tiles", build_predicate())
+
+
 def test_an_existing_folder_is_swapped_for_the_new_one_in_one_exchange(tmp_path, monkeypatch):
     """Guards: `--overwrite` swapped with two renames, so a kill between them left no folder at all."""
     dest = tmp_path / "ckpt"
-    dest.mkdir()
-    (dest / "f").write_text("old")
+    _earlier_output(dest)
     seen = []
     real = atomic.exchange
 
@@ -122,8 +130,7 @@ def test_an_existing_folder_is_swapped_for_the_new_one_in_one_exchange(tmp_path,
 
 def test_without_an_atomic_exchange_the_old_folder_is_moved_aside_then_replaced(tmp_path, monkeypatch):
     dest = tmp_path / "ckpt"
-    dest.mkdir()
-    (dest / "f").write_text("old")
+    _earlier_output(dest)
     monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
     with atomic.staged_dir(dest) as stage:
         (stage / "f").write_text("new")

@@ -96,6 +96,27 @@ def test_capture_refuses_a_prompt_set_made_with_another_tokenizer(workspace, cap
     assert not (workspace / "cap").exists()
 
 
+@needs_model_extra
+def test_capture_and_prompts_build_refuse_an_out_holding_a_file_they_did_not_write(workspace, capsys):
+    """Issue 36 #2. Guards: `capture --out` and `prompts build --out` replaced any existing folder whole."""
+    cap = workspace / "cap"
+    capture = ["capture", "--model", str(workspace / "w8a8"), "--prompts", str(workspace / "set"), "--tokens", "8",
+               "--out", str(cap)]
+    assert main(capture) == 0
+    assert main(capture) == 0  # its own earlier output is replaced
+    build = ["prompts", "build", "--text", str(workspace / "corpus.txt"), "--tokenizer", str(workspace / "w8a8"),
+             "--windows", "2", "--tokens", "48", "--out", str(workspace / "set")]
+    for argv, folder in ((capture, cap), (build, workspace / "set")):
+        (folder / ".notes").write_text("mine")
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "holds '.notes', which alibi did not write" in err, err
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+        assert not [p for p in workspace.iterdir() if p.name.startswith(f".{folder.name}.")]  # no stage left
+
+
 def test_capture_of_a_missing_model_exits_2_and_leaves_nothing(tmp_path, capsys):
     code = main(["capture", "--model", str(tmp_path / "nope"), "--prompts", str(tmp_path / "set"),
                  "--out", str(tmp_path / "cap")])

@@ -348,7 +348,19 @@ def test_overwrite_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, w8a8_dir,
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     _assert_refused_without_trace(tmp_path, ["pow2-rewrite", str(w8a8_dir), str(out), "--mode", "ceil",
-                                             "--keep-weights", "--overwrite"], "not a checkpoint folder", capsys)
+                                             "--keep-weights", "--overwrite"], "holds 'notes.txt', which alibi did not write",
+                                  capsys)
+
+
+def test_overwrite_refuses_a_rewritten_checkpoint_holding_a_file_it_did_not_write(tmp_path, w8a8_dir, capsys):
+    """Issue 36 #2. Guards: any folder with a config.json was replaced whole, the user's hidden files with it."""
+    out = tmp_path / "out"
+    assert _rewrite(w8a8_dir, out, "floor", None) == 0
+    (out / ".notes").write_text("mine")
+    capsys.readouterr()
+    _assert_refused_without_trace(tmp_path, ["pow2-rewrite", str(w8a8_dir), str(out), "--mode", "ceil",
+                                             "--keep-weights", "--overwrite"], "holds '.notes', which alibi did not write",
+                                  capsys)
 
 
 def test_a_dense_source_with_other_shapes_is_refused(tmp_path, w8a8_dir, dense_dir, capsys):

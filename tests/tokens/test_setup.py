@@ -103,7 +103,7 @@ def test_existing_output_is_kept_without_overwrite_and_a_foreign_folder_even_wit
     (out / "notes.txt").write_text("mine")
     args = _tf(tiny, "--kernel", "torch-cpu", "--windows", "1", "--positions", "2", "--out", str(out))
     assert main(args) == 2 and "already exists" in capsys.readouterr().err
-    assert main([*args, "--overwrite"]) == 2 and "not a replay output" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 2 and "holds 'notes.txt', which alibi did not write" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 

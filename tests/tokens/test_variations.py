@@ -240,6 +240,27 @@ def test_a_variations_request_with_a_batch_larger_than_the_windows_is_refused_be
     assert code == 2 and not (tmp_path / "v").exists()
 
 
+@needs_model_extra
+def test_variations_overwrite_refuses_a_folder_holding_a_file_the_user_added(tiny, tmp_path, capsys):
+    """Issue 36 #2. Guards: `--overwrite` replaced an earlier variations folder whole (its manifest was of
+    kind replay), deleting the file the user had added to it."""
+    from alibi.cli import main
+
+    out = tmp_path / "v"
+    argv = ["variations", "--model", str(tiny / "w8a8"), "--kernel", KERNEL, "--prompts", str(tiny / "set"),
+            "--windows", "2", "--context", "8", "--positions", "4", "--batch-sizes", "2", "--chunk", "4",
+            "--no-restart", "--quiet", "--out", str(out)]
+    assert main(argv) in (0, 1)
+    (out / "mine.txt").write_text("notes")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*argv, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "holds 'mine.txt', which alibi did not write" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v"]
+
+
 @pytest.mark.gpu
 @needs_model_extra
 def test_the_deterministic_runner_passes_every_variation_on_cuda_with_the_triton_kernel(tiny):
