@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     for c in matrix.cells:
         if c.status != "bitwise":
             print(f"  {c.kernel_a} vs {c.kernel_b}: {c.status}" + (f" ({', '.join(c.causes)})" if c.causes else "")
-                  + f", {c.n_differing} of {c.n_elements} elements differ")
+                  + f", {c.n_differing} of {c.n_elements} elements differ"
+                  + (f"; not judged: {c.not_judged_because}" if c.not_judged_because else ""))
     for k in matrix.kernels:
         if k.fired:
             print(f"  {k.name}: its own check fired: {', '.join(k.fired)}")

@@ -424,6 +424,10 @@ def to_markdown(m: Matrix) -> str:
         status = {v.check: v.status for v in k.self_checks}
         lines.append(f"| `{k.name}` | `{k.epilogue_model or '-'}` | {k.launches} | {status.get('m-invariance')} | "
                      f"{status.get('run-to-run')} | {k.how} |")
+    unjudged = [c for c in m.cells if c.not_judged_because]
+    if unjudged:
+        lines += ["", "Not judged, and why:", ""]
+        lines += [f"- `{c.kernel_a}` vs `{c.kernel_b}`: {c.not_judged_because}" for c in unjudged]
     if m.unavailable:
         lines += ["", "Not available here (left out):", ""]
         lines += [f"- `{u.name}`: {u.reason}" for u in m.unavailable]

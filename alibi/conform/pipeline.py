@@ -342,6 +342,10 @@ def _required_checks(units: list[UnitResult]) -> list[str]:
             req.append("pow2-identity")
         if bias_rested:
             req.append("predicted-differences")
+    if len(int8) < len(units) and "predicted-differences" not in req:
+        # fp8: the arms are judged on the differences their declared schedules and epilogues predict; a pair
+        # without that prediction (an undeclared or nondeterministic schedule) is inconclusive, never a pass
+        req.append("predicted-differences")
     if "real" in regimes:
         req.append("real-scale-tolerance")
     return req
