@@ -37,6 +37,7 @@ the accumulator is known without asking the kernel.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,24 @@ FP8 = torch.float8_e4m3fn
 FP8_SM90_SOURCES = ("sm90_fp8_api.cu", "sm90_fp8_bf16.cu", "sm90_fp8_f16.cu", "sm90_fp8_acc.cu")
 
 CUTLASS_FP8_EPILOGUE = EpilogueModel("w_then_a", "fma")
+# Where cuBLASLt's schedule was read by probe (analysis/results/h100/fp8/983cf50): the library version
+# (cublasLtGetVersion), and the shapes (M, N, K) at which it promoted every 128 k. Another version may choose
+# otherwise: the kernel's evidence names both versions, and `alibi identify cublaslt-fp8 --shape MxNxK` reads it.
+CUBLASLT_MEASURED = {"cublaslt_version": 130100, "gpu": "NVIDIA H100 80GB HBM3", "schedule": "promote-128",
+                     "shapes": [[256, 576, 576], [256, 192, 576], [256, 1536, 576], [256, 576, 1536], [32, 576, 1536],
+                                [1, 576, 1536], [16, 256, 8192], [64, 128, 16384], [128, 1024, 4096],
+                                [32, 576, 576], [32, 192, 576], [32, 1536, 576], [16, 1536, 576], [64, 128, 4096]],
+                     "result": "analysis/results/h100/fp8/983cf50"}
+
+
+def cublaslt_version() -> int | None:
+    """The loaded cuBLASLt's version number (`cublasLtGetVersion`, e.g. 130100 for 13.1.0), None when none loads."""
+    for lib in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+        try:
+            return int(ctypes.CDLL(lib).cublasLtGetVersion())
+        except OSError:
+            continue
+    return None
 # torch._scaled_mm's declared epilogues (see the module docstring; verified on the GPU by
 # tests/kernels/test_fp8_gpu.py on operands that tell the models apart).
 ROWWISE_EPILOGUE = EpilogueModel("w_then_a", "add_before_cast")
@@ -119,8 +138,8 @@ class ScaledMmFp8Kernel(Kernel):
     device = "cuda"
     tensorwise = False
     use_fast_accum = False  # torch's default: cuBLASLt promotes the accumulator to full fp32
-    # cuBLASLt documents neither its promotion interval nor its split-K choice; measured per shape on the H100
-    # (alibi identify --schedule, docs/fp8.md): promotion every 128 k.
+    # cuBLASLt documents neither its promotion interval nor its split-K choice: measured per shape by `alibi identify`
+    # on an H100 (CUBLASLT_MEASURED): promotion every 128 k at every shape measured, no split-K.
     accumulation = PROMOTE_128
 
     def __init__(self) -> None:
@@ -178,7 +197,8 @@ class ScaledMmFp8Kernel(Kernel):
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()
-        ev.update(backend="torch._scaled_mm", use_fast_accum=self.use_fast_accum, last_run=dict(self.last_run))
+        ev.update(backend="torch._scaled_mm", use_fast_accum=self.use_fast_accum, last_run=dict(self.last_run),
+                  cublaslt_version=cublaslt_version(), schedule_measured=CUBLASLT_MEASURED)
         return ev
 
 
