@@ -11,7 +11,6 @@ OUT/summary.txt.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import time
@@ -24,6 +23,7 @@ from alibi.controls.fp8_probe import Fp8ProbeResult, probe_instruction, run_fami
 from alibi.controls.fp8_schedule import identify_schedule, random_fp8_tile
 from alibi.exact.fp8_mma import WGMMA_FP8
 from alibi.io.typed import to_plain
+from alibi.kernels.fp8 import cublaslt_version
 from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_mma import mma_chain
 
@@ -34,19 +34,10 @@ SHAPES = ([(256, N, K) for N, K in SMOLLM2] + [(32, 576, 1536), (1, 576, 1536), 
 RECORD_SHAPES = ((1, 64, 256), (16, 96, 544), (64, 128, 1024), (128, 64, 2048))
 
 
-def cublas_version() -> str | None:
-    for lib in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
-        try:
-            return str(ctypes.CDLL(lib).cublasLtGetVersion())
-        except OSError:
-            continue
-    return None
-
-
 def environment() -> dict:
     import triton
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "triton": triton.__version__, "cublasLt": cublas_version(),
+            "triton": triton.__version__, "cublasLt": cublaslt_version(),
             "driver": torch.cuda.get_device_properties(0).name}
 
 
