@@ -22,7 +22,9 @@ The digest. A row's elements are read as unsigned bit patterns x_i and digested 
 Σ x_i·w_i mod 2^64 with fixed odd weights w_i < 2^31 (`row_digests`). It is computed on the
 model's device in integer arithmetic, so it is exact and independent of the order of the sum. Two
 rows that differ in one element always get different digests (x·w ≡ 0 mod 2^64 with w odd needs
-x ≡ 0); rows that differ in several collide with probability about 2^-64.
+x ≡ 0); rows that differ in several collide with probability about 2^-64 at best. Rows of bf16 values held in
+fp32 (the logits) have bit patterns whose 16 low bits are zero, so their digests are multiples of 2^16: 48
+effective bits, a collision probability of about 2^-48 for such rows.
 
 Rows and prompts. Row b of a forward is prompt `prompts[b]` (set `trace.prompts` before the forward
 when the batch is not prompts 0 … B−1). Modules are named by `named_modules`, with `#k` appended to
@@ -34,12 +36,15 @@ forward that recomputes it).
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 import torch
 
+from alibi.errors import InputError, one_line
 from alibi.exact.numerics import bits
 
 ATTENTION_SUFFIXES = ("q_rope", "k_rope", "attention")
@@ -296,4 +301,96 @@ def first_divergence(a: ModuleTrace, b: ModuleTrace, keys=None) -> Divergence | 
     return None
 
 
-__all__ = ["ATTENTION_SUFFIXES", "Call", "Divergence", "ModuleTrace", "first_divergence", "module_kind", "row_digests"]
+# --- a saved trace (trace.pt, an execution of `alibi variations`) -----------------------------------
+
+TRACE_KEYS = ("name", "logits", "order", "kinds", "calls", "digests")
+
+
+def read_trace_file(path: str | os.PathLike, fix: str) -> dict[str, Any]:
+    """The table a saved trace holds (`alibi.tokens.variations.save_execution`), checked before use.
+
+    Read with `torch.load(weights_only=True)`, which builds lists, numbers, strings and tensors and
+    nothing else: a file holding any other object (a pickle that could run code on loading) is refused,
+    never loaded. Then every key and value must have the shape the writer gives it: the six keys
+    (`TRACE_KEYS`), modules named once with a kind each, forward calls numbered 0, 1, … and each digest
+    an int64 [rows, positions] tensor of one of those calls (a row per prompt of the call, at most its
+    token count). Anything else is an InputError of one line naming the file, what is wrong, and `fix`;
+    torch's own message (which advises `weights_only=False`) is never shown.
+    """
+    label = f"{one_line(str(path))}: not a trace written by alibi"
+    try:
+        doc = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:
+        raise InputError(f"{label} (it holds objects other than lists, numbers, strings and tensors, which alibi "
+                         f"never loads: loading them could run code); {fix}") from None
+    except FileNotFoundError:
+        raise InputError(f"{one_line(str(path))}: no such file; {fix}") from None
+    except IsADirectoryError:
+        raise InputError(f"{one_line(str(path))}: is a folder, not a trace file; {fix}") from None
+    except PermissionError:
+        raise InputError(f"{one_line(str(path))}: cannot be read (permission denied); make it readable") from None
+    except Exception as exc:  # noqa: BLE001 - not a torch file, truncated, corrupt: torch raises many kinds
+        raise InputError(f"{label} (not a complete torch file: {exc.__class__.__name__}); {fix}") from None
+    try:
+        _check_trace(doc)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{label} ({one_line(str(exc))[:200]}); {fix}") from None
+    return doc
+
+
+def _ints(value: Any, n: int | None, what: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or (n is not None and len(value) != n) or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{what} is not a list of {n if n is not None else 'some'} integers")
+    return list(value)
+
+
+def _check_trace(doc: Any) -> None:
+    if not isinstance(doc, dict):
+        raise ValueError(f"it holds a {type(doc).__name__}, not the trace's table")
+    missing = [k for k in TRACE_KEYS if k not in doc]
+    if missing:
+        raise ValueError(f"the key {missing[0]!r} is missing")
+    if not isinstance(doc["name"], str):
+        raise ValueError("'name' is not a string")
+    order, kinds, calls, digests = doc["order"], doc["kinds"], doc["calls"], doc["digests"]
+    if not isinstance(order, list) or not all(isinstance(n, str) for n in order) or len(set(order)) != len(order):
+        raise ValueError("'order' is not a list of distinct module names")
+    if not isinstance(kinds, list) or len(kinds) != len(order) or not all(isinstance(k, str) for k in kinds):
+        raise ValueError("'kinds' does not give one kind per module of 'order'")
+    if not isinstance(calls, list):
+        raise ValueError("'calls' is not a list")
+    shapes = []
+    for i, c in enumerate(calls):
+        if not isinstance(c, (list, tuple)) or len(c) != 4:
+            raise ValueError(f"call {i} is not [index, past, tokens, prompts]")
+        index, past, tokens = _ints(c[:3], 3, f"call {i}")
+        prompts = _ints(c[3], None, f"call {i}'s prompts")
+        if index != i or past < 0 or tokens < 1 or not prompts or min(prompts) < 0:
+            raise ValueError(f"call {i} is not call {i} of a run (index {index}, past {past}, tokens {tokens})")
+        shapes.append((len(prompts), tokens))
+    if not isinstance(digests, dict) or set(digests) != set(order):
+        raise ValueError("'digests' does not hold exactly the modules of 'order'")
+    for name in order:
+        rows = digests[name]
+        if not isinstance(rows, list):
+            raise ValueError(f"the digests of {name!r} are not a list")
+        for entry in rows:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise ValueError(f"a digest entry of {name!r} is not [call, tensor]")
+            index, d = entry
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(calls):
+                raise ValueError(f"a digest of {name!r} names call {index!r}, which the trace does not hold")
+            if not isinstance(d, torch.Tensor) or d.dtype != torch.int64 or d.dim() != 2 or \
+                    d.shape[0] != shapes[index][0] or not 1 <= d.shape[1] <= shapes[index][1]:
+                raise ValueError(f"a digest of {name!r} at call {index} is not an int64 [rows, positions] tensor "
+                                 "of that call")
+    logits = doc["logits"]
+    if not isinstance(logits, list) or not all(isinstance(e, (list, tuple)) and len(e) == 3 for e in logits):
+        raise ValueError("'logits' is not a list of [prompt, position, digest]")
+    for e in logits:
+        _ints(e, 3, "a logit digest")
+
+
+__all__ = ["ATTENTION_SUFFIXES", "TRACE_KEYS", "Call", "Divergence", "ModuleTrace", "first_divergence", "module_kind",
+           "read_trace_file", "row_digests"]
