@@ -220,3 +220,22 @@ def test_tiles_sharing_a_name_are_refused_since_the_matrix_tells_tiles_apart_by_
     with pytest.raises(InputError, match="two tiles are named"):
         run_matrix(["torch-cpu", "emulator:w_then_a"], source_from_tiles([tiles[0], twin]), ("real",))
     assert run_matrix(["torch-cpu", "emulator:w_then_a"], source_from_tiles(tiles), ("real",)).cells
+
+
+class _Undeclared(Reference):
+    """The exact a_then_w program, declaring no epilogue model."""
+
+    name = "undeclared-a-then-w"
+    epilogue = None
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        return apply_epilogue(EpilogueModel("a_then_w"), exact_accumulator(a_q, w_q), s_a, s_w, bias, out_dtype)
+
+
+def test_a_pair_with_an_undeclared_arm_is_never_explained_and_says_which_arm(source):
+    """issue 36 item 6: differences no declaration predicts cannot be `explained`, however they arose."""
+    kernels = [get_kernel("emulator:w_then_a"), _Undeclared()]
+    m = run_matrix([k.name for k in kernels], source, ("real",), kernels=kernels, created_at=None)
+    cell = m.cell("emulator:w_then_a", "undeclared-a-then-w")
+    assert cell.n_differing > 0, "the source must make the scale orders differ somewhere"
+    assert cell.status == "not-judged" and "declares no epilogue model" in cell.not_judged_because
