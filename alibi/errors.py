@@ -7,6 +7,7 @@ offending input and say what to do; the CLI prints them on one line. CI can tell
 0 pass, 1 a check fired, 2 bad input, 3 kernel unavailable, 4 a kernel raised (or a worker died).
 """
 
+import errno
 import reprlib
 
 
@@ -32,6 +33,33 @@ class WorkerFailed(RuntimeError):
 class KernelRaised(WorkerFailed):
     """A kernel under test raised while it ran (a plugin's bug, a device fault): not a finding about its bits
     but a failure to produce them (exit code 4, like a failed worker)."""
+
+
+class DiskFull(InputError):
+    """The file system ran out of space (or quota) while alibi wrote an output (exit code 2, like bad input:
+    the fix is the user's, free space or another output location). Raised by `alibi.io.atomic` once the
+    partial output is removed, naming the path it was writing."""
+
+
+# How a full disk shows through the libraries that write for alibi: an OSError's errno, or only the text of
+# a wrapped one (safetensors: "No space left on device (os error 28)"; numpy, tokenizers …).
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_TEXTS = ("no space left on device", "disk quota exceeded", "os error 28)", "os error 122)")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from or during, says the file system is full (ENOSPC,
+    EDQUOT), by its errno or, for a library's wrapped error, by its message."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 16:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        text = str(exc)[:2000].lower()
+        if any(t in text for t in _FULL_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def one_line(text: str) -> str:

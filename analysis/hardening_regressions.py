@@ -334,6 +334,78 @@ FIXES: tuple[Fix, ...] = (
          "report.html: exit 2, one line, the file unchanged; its own page is re-rendered",
          "tests/io/test_foreign_files.py::test_report_html_refuses_to_overwrite_a_file_it_did_not_render"),
     )),
+    # Issue 36 #4, resource and environment failures are one line: each case is the command run against a full
+    # disk (ENOSPC simulated at the write), an absurd count, a hidden output option, a hostile trace or a concurrent
+    # amend, and the outcome expected; held against the code where it was found.
+    *(Fix(None, f"issue 36 #4: {case}", before=_ISSUE_36, tests=(f"tests/io/test_resource_failures.py::{test}",))
+      for case, test in (
+        ("`alibi pow2-rewrite IN OUT --keep-weights` with the disk full at the first or second shard: exit 2, one "
+         "line naming OUT and the fix, no stage, no folder made on the way, IN byte for byte",
+         "test_a_full_disk_during_pow2_rewrite_is_one_line_naming_the_output_and_leaves_nothing"),
+        ("`alibi model prepare smollm2-135m --out M` with the disk full at the first checkpoint: exit 2, one line "
+         "naming M, nothing left",
+         "test_a_full_disk_during_model_prepare_is_one_line_naming_the_output_and_leaves_nothing"),
+        ("`alibi conform --out D/sub/R` with the disk full at the plan, at a unit, at the report's last file: exit "
+         "2, one line naming R and --out, no units folder, no D/sub",
+         "test_a_full_disk_during_conform_is_one_line_naming_out_and_a_fresh_run_leaves_nothing"),
+        ("`alibi conform --resume` with the disk full: exit 2, one line naming the kept units and --resume, the "
+         "units as they were",
+         "test_a_full_disk_during_a_resumed_conform_keeps_the_units_and_says_to_resume"),
+        ("a library's error wrapping ENOSPC (safetensors' `os error 28`) outside a staged write: exit 2, one line",
+         "test_a_library_error_that_wraps_enospc_outside_a_staged_write_is_one_line_exit_2"),
+        ("`alibi sweep rows --elements 1e30`, `sweep depth --seeds 10^12`, `analyze flips|depth --bootstrap "
+         "10^12`: exit 2, one line naming the option and the limit, before any work or input read",
+         "test_absurd_counts_are_refused_in_one_line_naming_the_option_before_any_work"),
+        ("`alibi variations … --execution decode@1 --execution-out X` with X under /proc, under a file, or a "
+         "folder: exit 2, one line naming --execution-out, before the model loads",
+         "test_the_hidden_execution_out_is_refused_before_the_model_loads"),
+        ("an execution saved while the disk fills: one line, no partial file",
+         "test_an_execution_is_saved_atomically_and_a_full_disk_leaves_no_file"),
+        ("a trace.pt holding a pickled object, lacking 'name', with a digest of another shape or of no call, or "
+         "empty: one InputError naming the file, no `weights_only=False` advice",
+         "test_a_pickled_incomplete_or_misshapen_trace_is_one_input_error_without_weights_only_advice"),
+        ("a pickled trace.pt: refused without being unpickled (its payload never runs)",
+         "test_a_pickled_trace_is_never_unpickled"),
+        ("two `alibi prereg amend` of one folder at once: one records its amendment, the other is refused in one "
+         "line; the chain verifies with one entry",
+         "test_of_two_concurrent_amends_one_wins_and_the_other_is_refused"),
+        ("the same without flock (an amend that took no lock wrote meanwhile): the log's compare-and-swap refuses "
+         "the later writer, the earlier amendment kept",
+         "test_an_amendment_recorded_meanwhile_by_a_writer_without_the_lock_refuses_the_other"),
+        ("`alibi prereg amend P` while another process holds P: exit 2, one line, nothing written",
+         "test_prereg_amend_while_another_process_holds_the_folder_is_one_line_exit_2_and_writes_nothing"),
+      )),
+    # Issue 36 #0, the default run tests every part of a declaration: each case is what a new user ran with a kernel
+    # that departs from its declaration, and the outcome expected; held against the code where it was found.
+    *(Fix(None, f"issue 36 #0: {case}", before=_ISSUE_36, tests=(test,)) for case, test in (
+        ("`alibi conform --kernel-a K --kernel-b torch-cpu` (default source) with K declaring add_before_cast and "
+         "casting before it adds its bias: verdict FAIL, epilogue-model fired",
+         "tests/conform/test_default_source.py::test_a_kernel_that_lies_about_its_bias_mode_fails_the_default_conform"),
+        ("the same with K fusing its bias (fma) or casting first, declaring add_before_cast: FAIL",
+         "tests/conform/test_default_source.py::"
+         "test_a_kernel_declaring_add_before_cast_that_fuses_or_casts_first_fails_the_default_conform"),
+        ("the README's pytest example (`assert_interchangeable(K, \"torch-cpu\")`, no tiles) with that K: "
+         "NotInterchangeable, epilogue-model fired",
+         "tests/conform/test_default_source.py::"
+         "test_assert_interchangeable_without_tiles_fails_a_kernel_that_lies_about_its_bias_mode"),
+        ("the default source: bf16 and fp16 outputs, a bias in fp32 and in the output dtype, M = 1 and a prefill M",
+         "tests/conform/test_default_source.py::"
+         "test_the_default_source_has_fp32_and_output_dtype_biases_bf16_and_fp16_outputs_and_decode_and_prefill_m"),
+        ("each of the 15 epilogue models: every one-attribute departure (order, rounding, bias mode) shows on the "
+         "default source in each of bf16/fp16 × decode/prefill",
+         "tests/conform/test_default_source.py::test_every_single_attribute_departure_of_every_model_shows_on_the_default_source"),
+        ("a source claiming every attribute without fp16 tiles or a bias: verdict inconclusive, naming the "
+         "attribute, arm and context (never pass)",
+         "tests/conform/test_default_source.py::"
+         "test_a_source_that_claims_every_attribute_but_lacks_float16_and_biases_is_inconclusive_naming_them"),
+        ("the default run of an honest pair: pass, and the report's source.exercised shows nothing left unexercised",
+         "tests/conform/test_default_source.py::"
+         "test_the_default_source_records_that_it_exercised_every_attribute_of_both_declarations"),
+        ("`alibi identify K` with K declaring a model its bits do not match: exit 1, one line naming the declared "
+         "model and the match; an honest K exits 0",
+         "tests/controls/test_identify.py::"
+         "test_identify_exits_1_naming_the_match_when_the_declared_model_is_not_among_the_matches"),
+    )),
 )
 
 

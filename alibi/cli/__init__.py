@@ -23,7 +23,7 @@ import sys
 
 from alibi import __version__
 from alibi.cli.examples import attach_examples
-from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
+from alibi.errors import InputError, KernelUnavailable, WorkerFailed, is_disk_full, one_line
 
 # Command modules, in the order `alibi --help` lists them.
 COMMAND_MODULES = [
@@ -113,8 +113,13 @@ def interrupted_line(args: argparse.Namespace | None) -> str:
 
 
 def last_resort_line(exc: BaseException) -> str:
-    """The one line for an OSError, RecursionError, UnicodeError or MemoryError no validation caught."""
-    if isinstance(exc, MemoryError):
+    """The one line for an OSError, RecursionError, UnicodeError or MemoryError no validation caught, or any
+    error that says the disk is full."""
+    if is_disk_full(exc):  # a write outside alibi's staged outputs (those name their destination themselves)
+        where = getattr(exc, "filename", None)
+        what = ((f"{where}: " if where is not None else "") + "the file system ran out of space (No space left on "
+                "device); free space on it, or choose another output location (and TMPDIR for temporary files)")
+    elif isinstance(exc, MemoryError):
         what = ("out of memory: the input asks for more than this machine has; use smaller inputs, or check the "
                 "element budget (ALIBI_MAX_ELEMENTS)")
     elif isinstance(exc, RecursionError):
@@ -150,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RecursionError, UnicodeError, MemoryError) as exc:
         # The last resort: every input is validated where it enters, so reaching here is a gap in
         # that validation. Still one line and exit 2, never a traceback (see `last_resort_line`).
+        print(last_resort_line(exc), file=sys.stderr)
+        return InputError.exit_code
+    except Exception as exc:
+        if not is_disk_full(exc):  # a library's error wrapping ENOSPC (safetensors, tokenizers): one line too
+            raise
         print(last_resort_line(exc), file=sys.stderr)
         return InputError.exit_code
 

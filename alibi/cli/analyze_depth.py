@@ -8,6 +8,7 @@ from pathlib import Path
 
 from alibi.errors import InputError
 from alibi.io import atomic
+from alibi.io.limits import MAX_BOOTSTRAP, check_count
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be ≥ 0 resamples, got {args.bootstrap}")
+    check_count(args.bootstrap, "--bootstrap", MAX_BOOTSTRAP, "resamples")
     if args.bootstrap_seed < 0:
         raise InputError(f"--bootstrap-seed must be ≥ 0, got {args.bootstrap_seed}")
     inputs = {f"SWEEP {p}": p for p in args.sweeps} | ({"--rows": args.rows} if args.rows else {})

@@ -11,7 +11,7 @@ from pathlib import Path
 from alibi.conform.report import summary_lines, write_reports
 from alibi.conform.shard import SourceSpec, parse_devices, require_ray, run_sharded
 from alibi.conform.unit_store import discard, unit_files
-from alibi.errors import InputError, KernelRaised, one_line
+from alibi.errors import DiskFull, InputError, KernelRaised, one_line
 from alibi.governance import build_predicate, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.limits import check_seed
@@ -78,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `alibi --help` must not import torch.
     from alibi.conform.pipeline import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
     from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
-    from alibi.html import write_conform_html
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())
@@ -118,15 +117,53 @@ def run(args: argparse.Namespace) -> int:
     parameters = {"regimes": regimes, "ulp_threshold": args.ulp_threshold, "invariance": not args.no_invariance,
                   **({"flip_threshold": replay.bound} if replay is not None else {})}
     plan_parameters = {"replay": None if replay is None else replay.resource()}
+    made = [p for p in [args.out.parent, *args.out.parent.parents] if not p.exists()]
     try:
         with _no_debris(units, args.out, fresh=not resume):
             report, parameters = _units_and_report(args, pair, source, regimes, units, resume, replay, parameters,
                                                    plan_parameters)
+        # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
+        # report (or none), never some of the new files; the finished units go only after that, in one rename
+        # (alibi.io.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run
+        # removes.
+        written, predicate = _write_report(args, report, source, replay, parameters, pair)
     except KernelRaised as exc:  # exit 4, one line: what raised, and what was kept for --resume
         raise KernelRaised(f"{exc}; {_interrupted(args)}") from None
-    # The whole folder is staged and renamed into place once: a kill or a failure leaves the old
-    # report (or none), never some of the new files; the finished units go only after that, in one rename
-    # (alibi.io.atomic.discard_dir): a kill leaves them whole (resumable) or under a stage name the next run removes.
+    except DiskFull:  # exit 2, one line naming --out; a fresh run leaves nothing, a resumed one its units
+        raise DiskFull(_out_of_space(args.out, units, made, fresh=not resume)) from None
+    discard(units, args.out)
+    print("\n".join(summary_lines(report)))
+    if replay is not None:
+        print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
+    print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
+    return exit_code(report, strict=args.strict)
+
+
+def _out_of_space(out: Path, units: Path, made: list[Path], fresh: bool) -> str:
+    """The line for a run whose file system filled up: a fresh run's units are removed (with the folders it
+    created on the way to --out), a resumed run's kept for another --resume."""
+    if not fresh:
+        return (f"{out}: the file system ran out of space while alibi wrote this run; no report was written and the "
+                f"finished units are kept in {units}: free space on that file system, then run the command again "
+                "with --resume")
+    if units.exists():
+        try:
+            atomic.discard_dir(units, out)
+        except OSError:  # the rename's stage folder may not fit either: remove in place
+            shutil.rmtree(units, ignore_errors=True)
+    for folder in made:  # innermost first; rmdir refuses a folder something else was put in
+        with suppress(OSError):
+            folder.rmdir()
+    return (f"{out}: the file system ran out of space while alibi wrote this run; nothing was written (the units "
+            "computed so far were removed) and no input was changed: free space on that file system, or choose "
+            "another --out")
+
+
+def _write_report(args, report, source, replay, parameters, pair):
+    """The report folder at --out, staged and renamed into place once."""
+    # deferred: keeps jinja2 out of start-up
+    from alibi.html import write_conform_html
+
     with atomic.staged_dir(args.out) as stage:
         written = [write_conform_html(report, stage), *write_reports(report, stage)]  # report.json stays last
         inputs = {"tiles": {**source.resource, "name": "tiles"}}
@@ -137,12 +174,7 @@ def run(args: argparse.Namespace) -> int:
                                     parameters={"source": report.source, **parameters},
                                     created_at=report.created_at)
         write_manifest(stage, "report", predicate, files=[p.name for p in written])
-    discard(units, args.out)
-    print("\n".join(summary_lines(report)))
-    if replay is not None:
-        print(f"  check 7 judged on {replay.path} (sha256 {replay.sha256}), bound {replay.bound:g}")
-    print(f"  report: {args.out}/report.json, report.md, junit.xml, report.html, manifest.json")
-    return exit_code(report, strict=args.strict)
+    return written, predicate
 
 
 @contextmanager

@@ -13,7 +13,8 @@ from alibi.kernels.catalog import check_kernel_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("identify", help="which known epilogue model a kernel's output bits match")
+    p = sub.add_parser("identify", help="which known epilogue model a kernel's output bits match (exit 1 when its "
+                                        "declared model is not among them)")
     p.add_argument("kernel", help="kernel name (see 'alibi kernels')")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of tiles (real, non-power-of-two scales)")
@@ -67,7 +68,7 @@ def run_fp8(args: argparse.Namespace, kernel) -> int:
 def run(args: argparse.Namespace) -> int:
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
     # deferred: keeps torch out of start-up
-    from alibi.controls.identify import identify, probe_tiles
+    from alibi.controls.identify import declared_candidate, declared_matches, identify, probe_tiles
     from alibi.kernels.registry import get_kernel
     from alibi.tiles.synthetic import synthetic_tiles
     from alibi.tiles.tile import load_tile_dir
@@ -94,4 +95,10 @@ def run(args: argparse.Namespace) -> int:
         for c in found:
             mark = "MATCH" if c.matches else f"{c.n_differing} differing, max ulp {c.max_ulp}"
             print(f"  {c.model:<28} {mark}")
+    if declared_matches(kernel, tiles, found) is False:  # it implements something, but not what it declares
+        matching = [c.model for c in found if c.matches]
+        print(f"alibi identify: {kernel.name} declares {declared_candidate(kernel, tiles)}, which does not match its "
+              f"output bits ({'they match ' + ', '.join(matching) if matching else 'no known model matches them'}): "
+              "its declaration is wrong", file=sys.stderr)
+        return 1
     return 0 if found and found[0].matches else 1

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from alibi.conform import checks
+from alibi.conform.exercised import exercised, unexercised
 from alibi.conform.judge import PreparedTile, UnitRun, judge, tile_key
 from alibi.conform.results import (
     Equivalence,
@@ -56,7 +57,7 @@ from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
 from alibi.kernels.base import Kernel, operands, packed, private_copy, wait_for
 from alibi.kernels.registry import get_kernel
-from alibi.tiles.synthetic import synthetic_tiles
+from alibi.tiles.synthetic import PRESETS, synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
 
 REGIMES = tuple(Regime)
@@ -158,6 +159,8 @@ def source_from_preset(preset: str, seed: int = 0, rows: int | None = None) -> T
     tiles = tuple(synthetic_tiles(preset, seed=seed, M=rows))
     record = {"label": f"synthetic preset {preset} (seed {seed})", "kind": "synthetic", "preset": preset,
               "rows": tiles[0].M, "n_tiles": len(tiles)}
+    if PRESETS[preset].declaration_probes:  # it claims to exercise every attribute of a declaration: checked
+        record["exercises_declarations"] = True
     return TileSource(tiles, record, {"name": f"synthetic:{preset}", "digest": digest_set(tiles_sha256(tiles))})
 
 
@@ -353,12 +356,16 @@ def _required_checks(units: list[UnitResult]) -> list[str]:
 
 def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], seed: int | None,
               regimes: Iterable[str], environment: dict[str, Any], created_at: str | None,
-              evidence: dict[str, dict[str, Any]], replay: ReplayEvidence | None = None) -> Report:
+              evidence: dict[str, dict[str, Any]], replay: ReplayEvidence | None = None,
+              not_exercised: Iterable[str] = ()) -> Report:
     """Fold unit results into the report. evidence: each arm's evidence of its last producing launch.
 
     replay: a flip analysis of the same pair (`--replay`); check 7 is then judged on it instead of
     being inapplicable on every tile, and the report records which file it used (`replay`).
+    not_exercised: for a source that claims to exercise every attribute of a declaration, the attributes it did
+    not (`alibi.conform.exercised.unexercised`): a verdict that would pass is then inconclusive, naming each.
     """
+    not_exercised = list(not_exercised)
     combined = []
     for check in checks.CHECKS:
         combined.append(replay.verdict() if replay is not None and check == "token-level-risk"
@@ -367,7 +374,7 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
     required = _required_checks(units) + (["token-level-risk"] if replay is not None else [])
     if any(v.fired for v in combined):
         verdict = ReportVerdict.FAIL
-    elif all(by_name[c].applicable for c in required):
+    elif all(by_name[c].applicable for c in required) and not not_exercised:
         verdict = ReportVerdict.PASS
     else:
         verdict = ReportVerdict.INCONCLUSIVE
@@ -376,7 +383,7 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
         created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"]),
         kernel_b=_kernel_record(pair.b, evidence["b"]), selection=pair.selection, verdict=verdict,
         equivalence=Equivalence.BITWISE if all(u.bitwise_equal for u in units) else Equivalence.NOT_BITWISE,
-        inconclusive_because=(tuple(f"{c}: {by_name[c].detail}" for c in missing)
+        inconclusive_because=(tuple(f"{c}: {by_name[c].detail}" for c in missing) + tuple(not_exercised)
                               if verdict == ReportVerdict.INCONCLUSIVE else ()),
         source=source, seed=seed, regimes=tuple(regimes), checks=tuple(combined), tiles=tuple(units),
         environment=environment, replay=None if replay is None else replay.as_dict())
@@ -527,8 +534,13 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     earlier = from_disk - computed_elsewhere
     if earlier > 0:
         record = {**record, "units_from_disk": earlier, "units": len(plan), "units_verified": verify_units}
+    not_exercised: list[str] = []
+    if record.get("exercises_declarations"):  # a source that claims every attribute: account for each
+        accounting = exercised(pair, source.tiles, regimes)
+        record = {**record, "exercised": accounting}
+        not_exercised = unexercised(accounting)
     return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),
-                     created_at=created, evidence=evidence, replay=replay)
+                     created_at=created, evidence=evidence, replay=replay, not_exercised=not_exercised)
 
 
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,

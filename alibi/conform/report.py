@@ -100,6 +100,23 @@ def units_from_disk_line(report: Report) -> str | None:
     return f"units from disk: {n:,} of {report.source.get('units', len(report.tiles)):,} read from an earlier run, {how}"
 
 
+def exercised_line(report: Report) -> str | None:
+    """What of the two declarations the source exercised (`alibi.conform.exercised`), for a source that claims
+    every attribute (the default); None for other sources."""
+    accounting = report.source.get("exercised")
+    if not isinstance(accounting, dict):
+        return None
+    arms = accounting.get("arms", {})
+    gaps = sum(len(by_ctx) for rec in arms.values() for by_ctx in rec.get("not_shown", {}).values())
+    gaps += sum(1 for rec in arms.values() if rec.get("declares")
+                for ctx in accounting.get("required_contexts", []) if ctx not in rec.get("contexts", []))
+    where = " and ".join(sorted({c.split()[0] for c in accounting.get("required_contexts", [])})) + \
+        " outputs, decode and prefill M"
+    if gaps:
+        return f"exercised: {gaps} attribute(s) of the declarations not exercised ({where} required; see inconclusive)"
+    return f"exercised: scale order, intermediate rounding and bias mode of both declarations, in {where}"
+
+
 def equivalence_words(report: Report) -> str:
     """The report's `equivalence` as words next to the verdict: what the outputs are, not a second verdict
     (`FAIL (bitwise)` read as a contradiction)."""
@@ -121,6 +138,8 @@ def summary_lines(report: Report) -> list[str]:
         lines.append(f"  {totals.line(width=5)}")
     if (ex := explanation(report)) is not None:
         lines.append(f"  {ex.line()}")
+    if (line := exercised_line(report)) is not None:
+        lines.append(f"  {line}")
     lines.append(f"  verdict: {report.verdict.upper()} ({equivalence_words(report)})")
     for why in report.inconclusive_because:
         lines.append(f"    inconclusive: {why}")

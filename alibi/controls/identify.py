@@ -61,6 +61,24 @@ def probe_tiles(kernel: Kernel, seed: int = 0) -> tuple[list[Tile], str]:
     return synthetic_tiles(DEFAULT_PRESET, seed=seed), f"tiles: synthetic preset {DEFAULT_PRESET}"
 
 
+def declared_candidate(kernel: Kernel, tiles: list[Tile]) -> str | None:
+    """The name under which `identify` lists the kernel's declared model on `tiles` (without a bias, the family's
+    `fma` member stands for every bias mode), or None when it declares none."""
+    own = kernel.epilogue
+    if own is None:
+        return None
+    if not any(t.bias is not None for t in tiles) and own.statistics is None:
+        own = EpilogueModel(own.order, "fma", own.round_between)
+    return own.name
+
+
+def declared_matches(kernel: Kernel, tiles: list[Tile], found: list[Candidate]) -> bool | None:
+    """Whether the kernel's declared model is among the candidates that match every output bit (None when it
+    declares none)."""
+    name = declared_candidate(kernel, tiles)
+    return None if name is None else any(c.matches and c.model == name for c in found)
+
+
 def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
     """Candidates sorted best first (exact matches first, then fewest differing elements)."""
     if any(t.fmt != "int8" for t in tiles):

@@ -17,13 +17,22 @@ entry cannot be dropped unnoticed either, because an amendment always changes at
 the files on disk would then no longer match the digests the shortened log implies. Someone who
 rewrites the files *and* recomputes every hash is caught only by outside anchors: git history,
 and the lock and head hashes that every result produced under the protocol records.
+
+One writer at a time. `lock` and `amend` hold an exclusive lock on the protocol folder itself
+(`flock` on its descriptor: released by the kernel when the process ends, so a killed amend leaves
+nothing to clean up) from reading the records to writing them; a second `lock` or `amend` of the
+same folder meanwhile is refused in one line (exit 2), never queued behind the first to chain onto a
+state it did not see. `amend` also compares the log's bytes just before it writes with those it read
+first (a compare-and-swap): a log changed in between — by a writer that took no lock, e.g. on a
+file system without `flock` — refuses the amendment instead of overwriting the other one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +169,45 @@ class ProtocolRecord:
                 "amendments": self.amendments}
 
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: the compare-and-swap in `amend` still refuses a lost update
+    fcntl = None
+
+
+@contextlib.contextmanager
+def _one_writer(root: Path, command: str) -> Iterator[None]:
+    """Hold the folder's exclusive lock (module docstring: one writer at a time) for the block; InputError
+    when another process holds it."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise InputError(f"{root}: cannot open the protocol folder ({exc.strerror}); check the path") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{root}: another `alibi prereg lock` or `amend` is writing this protocol's records "
+                             f"right now, so this `{command}` was refused and nothing was written; when it has "
+                             f"finished, check `alibi prereg status {root}` and run this again if a change is still "
+                             "unrecorded") from None
+        except OSError:  # a file system without flock: the compare-and-swap in `amend` still guards the log
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _log_bytes(root: Path) -> bytes | None:
+    try:
+        return (root / LOG_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def _require_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise InputError(f"{folder}: no such protocol folder; create one with `alibi prereg init {folder}`")
@@ -190,6 +238,11 @@ def lock(folder: str | os.PathLike) -> str:
     """
     root = Path(folder)
     _require_folder(root)
+    with _one_writer(root, "lock"):
+        return _lock(root)
+
+
+def _lock(root: Path) -> str:
     if (root / LOCK_NAME).exists():
         raise InputError(f"{root / LOCK_NAME}: the protocol is already locked; record changes with "
                          f"`alibi prereg amend {root} --reason ...`")
@@ -355,6 +408,13 @@ def amend(folder: str | os.PathLike, reason: str) -> str:
     root = Path(folder)
     if not reason or not reason.strip():
         raise InputError("an amendment needs a reason: pass --reason \"what changed and why\"")
+    _require_folder(root)
+    with _one_writer(root, "amend"):
+        return _amend(root, reason)
+
+
+def _amend(root: Path, reason: str) -> str:
+    read = _log_bytes(root)  # compared again just before the write: no amendment is overwritten unseen
     st = state(root)
     if not st.locked:
         raise InputError(f"{root}: not locked yet; edit freely, then `alibi prereg lock {root}`")
@@ -372,9 +432,12 @@ def amend(folder: str | os.PathLike, reason: str) -> str:
         "changes": [c.as_dict() for c in st.pending],
     }
     entry["entry_sha256"] = _content_hash(entry, "entry_sha256")
-    log = root / LOG_NAME
-    existing = log.read_text(encoding="ascii") if log.exists() else ""
-    atomic.write_text(log, existing + _entry_line(entry) + "\n")
+    if _log_bytes(root) != read:
+        raise InputError(f"{root / LOG_NAME}: another amendment was recorded while this one was prepared, so this "
+                         f"one was refused and nothing was written; check `alibi prereg status {root}` and amend again "
+                         "if a change is still unrecorded")
+    existing = b"" if read is None else read
+    atomic.write_bytes(root / LOG_NAME, existing + _entry_line(entry).encode("ascii") + b"\n")
     return entry["entry_sha256"]
 
 

@@ -29,6 +29,11 @@ folder holding it or of one above it (up to the output folder), or be a manifest
 a write probe. Anything else
 (a `.git/`, notes, a file added to an earlier output) is refused in one line naming it, and the
 folder is left as it was.
+
+A full disk is bad luck, not a bug: when a staged write fails because its file system ran out of
+space (ENOSPC or EDQUOT, by errno or in a library's wrapped message; or any OSError/RuntimeError —
+torch.save's reports no errno — while less than 1 MiB is left there), the stage is removed and
+`DiskFull` (exit 2) names the destination and the fix: free space, or another output location.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from alibi.errors import InputError, one_line
+from alibi.errors import DiskFull, InputError, is_disk_full, one_line
 
 STAGE_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
@@ -109,15 +114,31 @@ def _probe(folder: Path) -> str | None:
     return None
 
 
-def _prepare_parent(path: Path) -> None:
+def _prepare_parent(path: Path) -> list[Path]:
+    """Create the folders on the way to `path` and check the last accepts a file; returns those created,
+    innermost first (`_remove_made` takes them away again when the write fails)."""
     label = one_line(str(path))
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_made(made)
+        if is_disk_full(exc):
+            raise disk_full(path) from None
         raise InputError(f"{label}: cannot create its folder ({exc.strerror}); choose a writable location") from None
     why = _probe(path.parent)
     if why is not None:
+        _remove_made(made)
         raise InputError(f"{one_line(str(path.parent))}: cannot write there ({why}); choose a writable output location")
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the folders a failed write created on the way to its output (innermost first); rmdir leaves
+    any that something else was put in meanwhile."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _umask() -> int:
@@ -134,9 +155,10 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{one_line(str(path))}: is a folder; name a file to write (or remove the folder)")
-    _prepare_parent(path)
+    made = _prepare_parent(path)
     remove_stale_stages(path)
-    fd, tmp = tempfile.mkstemp(prefix=_stage_prefix(path), suffix=STAGE_SUFFIX, dir=path.parent)
+    with _full_disk_is_one_line(path, made):
+        fd, tmp = tempfile.mkstemp(prefix=_stage_prefix(path), suffix=STAGE_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -144,11 +166,60 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         _commit(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        full = out_of_space(exc, path.parent)  # before the partial file is removed, which frees its space
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        _remove_made(made)
+        if full:
+            raise disk_full(path) from None
         raise
     return path
+
+
+NEARLY_FULL = 2**20  # bytes: a write that failed with less than this left is taken for a full disk
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Bytes this process may still write in `folder`'s file system (root may use the reserved blocks)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+
+
+def out_of_space(exc: BaseException, folder: str | os.PathLike) -> bool:
+    """Whether the write that raised `exc` into `folder` failed because its file system is full: the error
+    says so (`alibi.errors.is_disk_full`), or it is an OSError or RuntimeError — torch.save's names no
+    errno — while less than `NEARLY_FULL` bytes are left there. Our own refusals (InputError) never are."""
+    if isinstance(exc, InputError) or not isinstance(exc, Exception):
+        return False
+    if is_disk_full(exc):
+        return True
+    if isinstance(exc, (OSError, RuntimeError)):
+        free = _free_bytes(Path(folder))
+        return free is not None and free < NEARLY_FULL
+    return False
+
+
+def disk_full(path: str | os.PathLike) -> DiskFull:
+    """The one-line refusal of an output that did not fit (the partial output already removed)."""
+    return DiskFull(f"{one_line(str(path))}: the file system ran out of space while alibi wrote it; nothing was "
+                    "written there and no input was changed: free space on that file system, or choose another "
+                    "output location")
+
+
+@contextlib.contextmanager
+def _full_disk_is_one_line(path: Path, made: list[Path]) -> Iterator[None]:
+    """`disk_full(path)` for a full disk met while creating a stage (only the folders `made` to remove)."""
+    try:
+        yield
+    except BaseException as exc:
+        _remove_made(made)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            raise disk_full(path) from None
+        raise
 
 
 def _commit(staged: str | os.PathLike, path: str | os.PathLike) -> None:
@@ -180,6 +251,19 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     if why is not None:
         raise InputError(f"{label}: cannot create anything in {one_line(str(probe))} ({why}); choose a writable "
                          "output folder")
+    return path
+
+
+def check_writable_file(path: str | os.PathLike, option: str) -> Path:
+    """Fail early (InputError naming `option`) unless a file can be written at `path` later: it is not a
+    folder, and its folder exists or can be made, and accepts a new file (`check_writable_dir`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{option} {one_line(str(path))}: is a folder; name a file to write")
+    try:
+        check_writable_dir(path.parent)
+    except InputError as exc:
+        raise InputError(f"{option} {one_line(str(path))}: {exc}") from None
     return path
 
 
@@ -383,9 +467,10 @@ def staged_dir(path: str | os.PathLike, *, overwrite: bool = True, internal: boo
         raise InputError(f"{one_line(str(path))}: already exists; remove it or choose another output folder")
     if not internal:
         check_replaceable(path)
-    _prepare_parent(path)
+    made = _prepare_parent(path)
     remove_stale_stages(path)
-    stage = Path(tempfile.mkdtemp(prefix=_stage_prefix(path), suffix=STAGE_SUFFIX, dir=path.parent))
+    with _full_disk_is_one_line(path, made):
+        stage = Path(tempfile.mkdtemp(prefix=_stage_prefix(path), suffix=STAGE_SUFFIX, dir=path.parent))
     try:
         yield stage
         _normal_permissions(stage)
@@ -395,6 +480,11 @@ def staged_dir(path: str | os.PathLike, *, overwrite: bool = True, internal: boo
             _swap_in(stage, path)
         else:
             _commit(stage, path)
-    except BaseException:
+    except BaseException as exc:
+        # measured before the stage goes; a file inside that did not fit is named by this output's path
+        full = isinstance(exc, DiskFull) or out_of_space(exc, path.parent)
         shutil.rmtree(stage, ignore_errors=True)
+        _remove_made(made)
+        if full:
+            raise disk_full(path) from None
         raise

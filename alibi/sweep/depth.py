@@ -17,7 +17,7 @@ from itertools import pairwise
 import torch
 
 from alibi.errors import InputError
-from alibi.io.limits import check_gemm_size
+from alibi.io.limits import MAX_SEEDS, check_count, check_gemm_size
 from alibi.io.progress import ProgressCallback
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
@@ -65,6 +65,7 @@ class DepthPlan:
         validate_shape(M=self.M, N=self.N)
         if self.seeds < 1:
             raise InputError(f"--seeds must be a positive count of seeds, got {self.seeds}")
+        check_count(self.seeds, "--seeds", MAX_SEEDS, "seeds")
         if self.first_seed < 0:
             raise InputError(f"--first-seed must be ≥ 0, got {self.first_seed}")
         validate_ks(self.Ks, self.format, increasing=self.nested_prefix)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
-from alibi.io.limits import check_gemm_size
+from alibi.io.limits import MAX_SWEEP_ELEMENTS, check_count, check_gemm_size
 from alibi.io.progress import ProgressCallback
 from alibi.sweep.arms import Arm
 from alibi.sweep.clock import PhaseClock
@@ -73,6 +73,7 @@ class RowsPlan:
         validate_ks((self.K,), self.format, increasing=False)
         if self.elements < 1:
             raise InputError(f"--elements must be a positive number of output elements per M, got {self.elements}")
+        check_count(self.elements, "--elements", MAX_SWEEP_ELEMENTS, "output elements per M")
         if self.seed < 0:
             raise InputError(f"--seed must be ≥ 0, got {self.seed}")
         if self.rows_per_block < 1:

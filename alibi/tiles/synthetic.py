@@ -21,6 +21,7 @@ from alibi.exact.quant import (
     weight_scale_per_channel,
 )
 from alibi.io.limits import check_gemm_size, check_seed
+from alibi.tiles.declaration_probe import declaration_probes
 from alibi.tiles.tile import Tile
 
 # (layer kind, K, N) of one decoder block: q, k, v, o, gate, up, down.
@@ -38,6 +39,9 @@ class Preset:
     bias: give every tile a bf16 bias (exercises the bias modes of the epilogues);
     probe: append the `epilogue-probe` tile, on which the scale orders disagree often, so that
       the epilogue-model check can tell models apart even when the layer tiles are too small to;
+    declaration_probes: append the declaration probes (`alibi.tiles.declaration_probe`): bfloat16 and float16
+      outputs, an fp32 bias and one in the output dtype, at M = 1 and M = 64, on which a departure from a declared
+      epilogue in any attribute (scale order, intermediate rounding, bias mode) shows;
     fmt: `int8`, or `fp8_e4m3`: the same operands quantized per token and per channel to e4m3
       (`alibi.exact.quant.quantize_fp8_rows`); fp8_scales `tensor`: one scale per operand instead (what
       `cublaslt-fp8-tensorwise` takes).
@@ -53,12 +57,14 @@ class Preset:
     probe: bool = False
     fmt: str = "int8"
     fp8_scales: str = "row"
+    declaration_probes: bool = False
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("default", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, probe=True,
-           description="the built-in default: one SmolLM2-135M decoder block (7 tiles, 32 tokens) plus the "
-                       "epilogue-probe tile"),
+    Preset("default", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, probe=True, declaration_probes=True,
+           description="the built-in default: one SmolLM2-135M decoder block (7 tiles, 32 tokens), the "
+                       "epilogue-probe tile and the 8 declaration probes (bf16 and fp16 outputs, fp32 and "
+                       "output-dtype biases, M = 1 and 64), which exercise every attribute of a declared epilogue"),
     Preset("smollm2-135m", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32,
            description="one decoder block of SmolLM2-135M (7 tiles), 32 tokens"),
     Preset("smollm2-135m-bias", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, bias=True,
@@ -149,6 +155,8 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
     if p.probe:
         probe = PRESETS["epilogue-probe"]
         tiles.append(_probe_tile(gen, probe.M, probe.block[0][1], probe.block[0][2], False, preset, seed))
+    if p.declaration_probes:
+        tiles += declaration_probes(seed)
     return tiles
 
 

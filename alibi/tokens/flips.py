@@ -44,6 +44,7 @@ from alibi.governance.manifest import (
     write_manifest,
 )
 from alibi.io import atomic
+from alibi.io.limits import MAX_BOOTSTRAP, check_count
 from alibi.io.typed import TypedResult
 from alibi.tokens.arms import read_arm
 from alibi.tokens.foreign import compare_envelopes
@@ -395,6 +396,7 @@ def analyze_flips(arm_a: str | os.PathLike, arm_b: str | os.PathLike, out: str |
         raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
     if not isinstance(bootstrap, int) or isinstance(bootstrap, bool) or bootstrap < 1:
         raise InputError(f"--bootstrap must be a positive number of replicates, got {bootstrap!r}")
+    check_count(bootstrap, "--bootstrap", MAX_BOOTSTRAP, "replicates")
     out = Path(out)
     atomic.check_writable_dir(out)
     a, b = read_arm(arm_a), read_arm(arm_b)

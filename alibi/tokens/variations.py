@@ -30,6 +30,7 @@ Variations (pairs):
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import time
@@ -46,7 +47,7 @@ from alibi.io import atomic
 from alibi.io.progress import Progress
 from alibi.io.typed import TypedResult
 from alibi.model.runner import load_model
-from alibi.model.trace import Call, Divergence, ModuleTrace, first_divergence, row_digests
+from alibi.model.trace import Call, Divergence, ModuleTrace, first_divergence, read_trace_file, row_digests
 from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
 from alibi.tokens.teacher_forced import alibi_command, run_child
 
@@ -165,20 +166,22 @@ def save_execution(ex: Execution, path: Path) -> None:
            "order": list(t.order), "kinds": [t.kinds[n] for n in t.order],
            "calls": [[c.index, c.past, c.tokens, list(c.prompts)] for c in t.calls],
            "digests": {n: [[i, d] for i, d in t.digests[n]] for n in t.order}}
-    torch.save(doc, path)
+    buffer = io.BytesIO()
+    torch.save(doc, buffer)
+    atomic.write_bytes(path, buffer.getvalue())  # whole or absent; a full disk is one line naming `path`
 
 
-def load_execution(path: Path, lm=None) -> Execution:
-    try:
-        doc = torch.load(path, weights_only=True)
-        trace = ModuleTrace(lm)
-        trace.order = list(doc["order"])
-        trace.kinds = dict(zip(doc["order"], doc["kinds"]))
-        trace.calls = [Call(int(i), int(p), int(n), tuple(pr)) for i, p, n, pr in doc["calls"]]
-        trace.digests = {n: [(int(i), d) for i, d in doc["digests"][n]] for n in trace.order}
-        logits = {(int(p), int(q)): int(d) for p, q, d in doc["logits"]}
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{path}: not an execution written by `alibi variations --execution` ({exc}); re-run it") from None
+def load_execution(path: Path, lm=None,
+                   fix: str = "write it again (`alibi replay greedy --trace` or `alibi variations`)") -> Execution:
+    """An execution saved by `save_execution`; anything else (a pickle of other objects, a missing key, a
+    value of another shape) is one line naming the file and `fix` (`alibi.model.trace.read_trace_file`)."""
+    doc = read_trace_file(path, fix)
+    trace = ModuleTrace(lm)
+    trace.order = list(doc["order"])
+    trace.kinds = dict(zip(doc["order"], doc["kinds"]))
+    trace.calls = [Call(int(i), int(p), int(n), tuple(pr)) for i, p, n, pr in doc["calls"]]
+    trace.digests = {n: [(int(i), d) for i, d in doc["digests"][n]] for n in trace.order}
+    logits = {(int(p), int(q)): int(d) for p, q, d in doc["logits"]}
     return Execution(doc["name"], logits, trace)
 
 
@@ -329,6 +332,7 @@ def run_child_execution(model_dir, prompts_dir, path: str | os.PathLike, *, kern
     """The cold-restart side: one `decode@B` execution in this (fresh) process, saved to `path`."""
     if not execution.startswith("decode@") or not execution[7:].isdigit() or int(execution[7:]) < 1:
         raise InputError(f"--execution {execution!r}: only decode@B (B ≥ 1) runs on its own")
+    atomic.check_writable_file(path, "--execution-out")  # before the model loads, not after it ran
     prompts = load_prompts(prompts_dir)
     span = resolve_request(prompts, windows, context, positions, (), 1, prompts_dir)
     lm = load_model(model_dir, kernel, device, deterministic=deterministic)

@@ -78,3 +78,32 @@ def test_identify_keeps_the_fp32_bias_preset_for_a_kernel_that_takes_any_bias():
 
     tiles, which = probe_tiles(get_kernel("torch-cpu"))
     assert which.endswith(DEFAULT_PRESET) and tiles[0].bias.dtype.is_floating_point and tiles[0].bias.dtype.itemsize == 4
+
+
+def _register_liar(name: str, declared: str, actual: str) -> None:
+    from alibi.exact.emulator import EpilogueModel
+    from alibi.kernels.cpu import EmulatorKernel
+    from alibi.kernels.registry import register
+
+    def make():
+        kernel = EmulatorKernel(EpilogueModel.parse(actual))  # computes `actual` ...
+        kernel.name, kernel.epilogue = name, EpilogueModel.parse(declared)  # ... and declares `declared`
+        kernel.actual = EpilogueModel.parse(actual)
+        kernel.scaled_mm = lambda a_q, s_a, w_q, s_w, bias=None, out_dtype=None: EmulatorKernel(
+            kernel.actual).scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
+        return kernel
+    register(name, make)
+
+
+def test_identify_exits_1_naming_the_match_when_the_declared_model_is_not_among_the_matches(capsys):
+    _register_liar("liar-bias-mode", "a_then_w+add_before_cast", "a_then_w+add_after_cast")
+    assert main(["identify", "liar-bias-mode"]) == 1
+    captured = capsys.readouterr()
+    assert "a_then_w+add_after_cast      MATCH" in captured.out
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("alibi identify:")]
+    assert len(lines) == 1 and "declares a_then_w+add_before_cast" in lines[0] and "a_then_w+add_after_cast" in lines[0]
+    # an honest kernel still exits 0, also where its declared bias mode cannot be told apart (no bias: `fma` stands
+    # for every mode)
+    _register_liar("honest", "a_then_w+add_before_cast", "a_then_w+add_before_cast")
+    assert main(["identify", "honest"]) == 0
+    assert main(["identify", "honest", "--synthetic", "epilogue-probe"]) == 0
