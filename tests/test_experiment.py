@@ -16,7 +16,7 @@ import torch
 import yaml
 from resumed_report import without_units_record
 
-from alibi.errors import InputError
+from alibi.errors import DiskFull, InputError
 from alibi.experiment import load_experiment, run_experiment
 from alibi.governance import prereg
 from alibi.governance.manifest import (
@@ -432,7 +432,7 @@ def test_the_report_folder_of_a_run_is_replaced_whole(tmp_path, monkeypatch):
         return real_write(path, text)
 
     monkeypatch.setattr(alibi.io.atomic, "write_text", disk_full_at_report_json)
-    with pytest.raises(OSError):
+    with pytest.raises(DiskFull):  # one line naming the folder (issue 36 item 4), the old folder as it was
         run_experiment(exp, resume=True)
     assert _files(tmp_path / "out" / "report") == before
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".report")]

@@ -17,7 +17,7 @@ attribute, arm and context, when one was not exercised.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -44,11 +44,10 @@ def alternatives(model: EpilogueModel) -> dict[str, list[EpilogueModel]]:
             "bias mode": [replace(model, bias=b) for b in BIAS_MODES if b != model.bias]}
 
 
-def exercised(pair, tiles: Iterable, regimes: Iterable[str]) -> dict[str, Any]:
-    """The accounting (module docstring) of `pair`'s declarations on `tiles` under `regimes`: per arm, its declared
-    model(s) and, per attribute and context, the alternatives that did not show (an empty list: exercised)."""
-    from alibi.conform.pipeline import apply_regime  # deferred: pipeline imports this module
-
+def exercised(pair, tiles: Iterable, regimes: Iterable[str], apply_regime: Callable) -> dict[str, Any]:
+    """The accounting (module docstring) of `pair`'s declarations on `tiles` under `regimes` (each tile under a
+    regime as `apply_regime(tile, regime)` gives it: the pipeline's): per arm, its declared model(s) and, per
+    attribute and context, the alternatives that did not show (an empty list: exercised)."""
     arms = {"a": pair.a, "b": pair.b}
     missing: dict[str, dict[str, dict[str, dict[str, EpilogueModel]]]] = {arm: {} for arm in arms}
     declared: dict[str, set[str]] = {arm: set() for arm in arms}

@@ -536,7 +536,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
         record = {**record, "units_from_disk": earlier, "units": len(plan), "units_verified": verify_units}
     not_exercised: list[str] = []
     if record.get("exercises_declarations"):  # a source that claims every attribute: account for each
-        accounting = exercised(pair, source.tiles, regimes)
+        accounting = exercised(pair, source.tiles, regimes, apply_regime)
         record = {**record, "exercised": accounting}
         not_exercised = unexercised(accounting)
     return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from alibi.conform.exercised import REQUIRED_CONTEXTS, alternatives, exercised, unexercised
-from alibi.conform.pipeline import Pair, TileSource, run_conformance, source_from_preset
+from alibi.conform.pipeline import Pair, TileSource, apply_regime, run_conformance, source_from_preset
 from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
@@ -65,7 +65,7 @@ def test_the_default_source_has_fp32_and_output_dtype_biases_bf16_and_fp16_outpu
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_every_single_attribute_departure_of_every_model_shows_on_the_default_source(default_source, model):
     emulator = Liar(model, model)
-    accounting = exercised(Pair(emulator, emulator, "test"), default_source.tiles, ["real", "pow2"])
+    accounting = exercised(Pair(emulator, emulator, "test"), default_source.tiles, ["real", "pow2"], apply_regime)
     assert sorted(accounting["contexts"]) == sorted(REQUIRED_CONTEXTS)
     assert unexercised(accounting) == []
 
