@@ -139,7 +139,9 @@ def pow2_round(scale: torch.Tensor, mode: Pow2Mode = "nearest") -> torch.Tensor:
         k = torch.where(mantissa == 0.5, exponent - 1, exponent)
     else:  # nearest in log2: up when m >= sqrt(1/2) (log2 m >= -0.5)
         k = torch.where(mantissa >= math.sqrt(0.5), exponent, exponent - 1)
-    return torch.ldexp(torch.ones_like(s), k.to(torch.float64)).to(scale.dtype)
+    # 2**k from its bit pattern (k lies in fp64's normal range for any float32/float64-normal scale): exact on every
+    # device, unlike torch.ldexp / torch.pow, whose CUDA results were seen a few ulps off (docs/fp8.md)
+    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64).to(scale.dtype)
 
 
 def is_pow2(x: torch.Tensor) -> torch.Tensor:
