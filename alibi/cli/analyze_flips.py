@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from alibi.cli.replay import require_scikit_learn
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `flips` subcommand."""
@@ -28,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_scikit_learn("analyze flips")
     # deferred: keeps torch out of start-up
     from alibi.tokens.flips import (
         DEFAULT_BOOTSTRAP,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from alibi.errors import InputError
@@ -25,6 +26,14 @@ def _inputs(p: argparse.ArgumentParser) -> None:
 def _span(p: argparse.ArgumentParser, positions_default: str) -> None:
     p.add_argument("--context", type=int, help="T: tokens of context before the first position (default: half a window)")
     p.add_argument("--positions", type=int, help=f"P: positions per window ({positions_default})")
+
+
+def require_scikit_learn(what: str) -> None:
+    """InputError before any work when scikit-learn, which the flip analysis needs, is not installed (a run of
+    both arms must not end, after the model ran, in an ImportError)."""
+    if importlib.util.find_spec("sklearn") is None:
+        raise InputError(f"{what} needs scikit-learn, which is not installed: pip install 'integer-alibi[analysis]' "
+                         "(or run each arm alone with --kernel K --arm a|b, and `alibi analyze flips` where it is)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,6 +91,7 @@ def teacher_forced(args: argparse.Namespace) -> int:
             raise InputError("--kernel/--arm run one arm; --kernel-a/--kernel-b run both: give one form, not both")
         if args.kernel_a is None or args.kernel_b is None:
             raise InputError("--kernel-a and --kernel-b go together: name both arms' kernels")
+        require_scikit_learn("replay teacher-forced --kernel-a/--kernel-b (its flip analysis)")
     if args.engine == "vllm":
         if args.prereg is not None:
             raise InputError("--prereg is recorded by the own runner's replay (--engine own); a vLLM replay does not "
