@@ -348,6 +348,13 @@ def _differ(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return bits(x) != bits(y)
 
 
+def _mismatches(hw: torch.Tensor, pred: torch.Tensor, label: Callable[[int, int], str],
+                most: int = 8) -> tuple[Mismatch, ...]:
+    """The first `most` outputs where the hardware's bits differ from the model's, labelled `label(row, col)`."""
+    idx = _differ(hw, pred).nonzero().tolist()[:most]
+    return tuple(Mismatch(label(i, j), _hex(hw[i, j].item()), _hex(pred[i, j].item())) for i, j in idx)
+
+
 def run_family(name: str, instrument: Instrument, models: dict[str, StepModel]) -> list[FamilyResult]:
     """One family's cases, grouped by K and formats, through `instrument` and every hypothesis."""
     groups: dict[tuple, list[Case]] = {}
@@ -366,14 +373,11 @@ def run_family(name: str, instrument: Instrument, models: dict[str, StepModel]) 
         for hyp, model in models.items():
             if K % model.k:
                 continue
-            differs = _differ(hw, predict(a, b, c, model))
-            counts[hyp] = int(differs.sum())
-            if hyp == "published" and counts[hyp]:
-                pred = predict(a, b, c, model)
-                idx = differs.nonzero().tolist()[:8]
-                first = tuple(Mismatch(cases[i].label if i == j else f"a of {cases[i].label!r} x b of "
-                                       f"{cases[j].label!r}", _hex(hw[i, j].item()), _hex(pred[i, j].item()))
-                              for i, j in idx)
+            pred = predict(a, b, c, model)
+            counts[hyp] = int(_differ(hw, pred).sum())
+            if hyp == "published":
+                first = _mismatches(hw, pred, lambda i, j: cases[i].label if i == j else
+                                    f"a of {cases[i].label!r} x b of {cases[j].label!r}")
         out.append(FamilyResult(label, len(cases), hw.numel(), counts, first))
     return out
 
@@ -407,10 +411,8 @@ def run_random(instrument: Instrument, model: StepModel, label: str, M: int, N: 
     c = random_c(M, N, c_mode, gen)
     hw = instrument(a, b, c).cpu()
     pred = predict(a, b, c, model, "cuda" if torch.cuda.is_available() else "cpu")
-    differs = _differ(hw, pred)
-    idx = differs.nonzero().tolist()[:8]
-    first = tuple(Mismatch(f"row {i} x col {j}", _hex(hw[i, j].item()), _hex(pred[i, j].item())) for i, j in idx)
-    return RandomResult(label, steps, c_mode, hw.numel(), int(differs.sum()), first)
+    first = _mismatches(hw, pred, lambda i, j: f"row {i} x col {j}")
+    return RandomResult(label, steps, c_mode, hw.numel(), int(_differ(hw, pred).sum()), first)
 
 
 # (label, M, N, steps per chain, C mode): 3 × 2^20 single steps, and chains

@@ -34,7 +34,7 @@ one to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -43,7 +43,6 @@ from alibi.errors import InputError
 
 Cut = Literal["toward_zero", "toward_minus_inf"]
 CUTS: tuple[str, ...] = ("toward_zero", "toward_minus_inf")
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 ZERO_EXPONENT = -126  # a zero term's exponent: fp32's smallest normal exponent, below any nonzero fp8 product's
 CANONICAL_NAN = 0x7FFFFFFF
 
@@ -388,11 +387,6 @@ def accumulate_prefixes(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: 
     return out
 
 
-def with_step(schedule: AccumulationSchedule, model: StepModel) -> AccumulationSchedule:
-    """`schedule` on another step model (the probes' alternative hypotheses)."""
-    return replace(schedule, step=model)
-
-
-__all__ = ["AccumulationSchedule", "CUTS", "FAST_ACCUM", "Fp8Operand", "PROMOTE_128", "SplitK", "StepModel",
-           "SCHEDULE_SYNTAX", "WGMMA_FP8", "ZERO_EXPONENT", "accumulate", "accumulate_prefixes", "parse_schedule", "decode", "dot_steps", "fp32_exponent", "products", "step",
-           "with_step"]
+__all__ = ["AccumulationSchedule", "CUTS", "FAST_ACCUM", "Fp8Operand", "PROMOTE_128", "SCHEDULE_SYNTAX", "SplitK",
+           "StepModel", "WGMMA_FP8", "ZERO_EXPONENT", "accumulate", "accumulate_prefixes", "decode", "dot_steps",
+           "fp32_exponent", "parse_schedule", "products", "step"]

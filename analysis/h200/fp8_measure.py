@@ -1,11 +1,11 @@
-"""On the GPU: the fp8 MMA step measured (alibi probe fp8-mma), every fp8 kernel's schedule read by probe at the
-matrix's shapes, and small recorded outputs for the CPU tests (issue 34).
+"""On the GPU: every fp8 kernel's schedule read by probe at the matrix's shapes, small recorded outputs for the CPU
+tests, and the committed depth sweep re-read with the model (issue 34). The step itself: `alibi probe fp8-mma`.
 
-    python analysis/h200/fp8_measure.py OUT [--parts probe,identify,record] [--kernels a,b,...]
+    python analysis/h200/fp8_measure.py OUT [--parts identify,record,depth] [--kernels a,b,...]
 
-Writes OUT/probe.json (Fp8ProbeResult), OUT/identify.json (per kernel and shape: boundaries read, declared schedule,
+Writes OUT/identify.json (per kernel and shape: boundaries read, declared schedule,
 matching candidates), OUT/recorded.safetensors (random tiles and each kernel's outputs and exposed accumulators),
-OUT/summary.txt.
+OUT/depth.json, OUT/summary.txt.
 """
 
 from __future__ import annotations
@@ -14,18 +14,14 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
-from alibi.controls.fp8_probe import Fp8ProbeResult, probe_instruction, run_family
 from alibi.controls.fp8_schedule import identify_schedule, random_fp8_tile
-from alibi.exact.fp8_mma import WGMMA_FP8
 from alibi.io.typed import to_plain
 from alibi.kernels.fp8 import cublaslt_version
 from alibi.kernels.registry import get_kernel
-from alibi.kernels.triton_mma import mma_chain
 
 KERNELS = ("cutlass-fp8", "triton-fp8", "cublaslt-fp8", "cublaslt-fp8-tensorwise", "vllm-cutlass-fp8", "fbgemm-fp8-row")
 SMOLLM2 = ((576, 576), (192, 576), (1536, 576), (576, 1536))
@@ -44,7 +40,7 @@ def environment() -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out", type=Path)
-    p.add_argument("--parts", default="probe,identify,record,depth")
+    p.add_argument("--parts", default="identify,record,depth")
     p.add_argument("--kernels", default=",".join(KERNELS))
     args = p.parse_args()
     out: Path = args.out
@@ -59,37 +55,6 @@ def main() -> int:
 
     env = environment()
     say(f"environment: {json.dumps(env)}")
-    if "probe" in parts:
-        t0 = time.time()
-        results = []
-        for instruction in ("wgmma", "mma"):
-            ptx = {}
-
-            def instrument(a, b, c, instruction=instruction):
-                res, ptx["ptx"] = mma_chain(a, b, c, instruction)
-                return res
-            try:
-                first = run_family("alignment", instrument, {"published": WGMMA_FP8})  # compiles; reads the PTX
-                r = probe_instruction(instruction, instrument, ptx=ptx.get("ptx", ""))
-            except Exception as exc:  # noqa: BLE001
-                say(f"probe {instruction}: FAILED {type(exc).__name__}: {exc}")
-                traceback.print_exc()
-                continue
-            del first
-            results.append(r)
-            say(f"probe {instruction}: ptx {r.ptx!r}; random {r.n_random_differing} of {r.n_random} differ")
-            for f in r.families:
-                say(f"  {f.family:<40} {f.n_outputs:>7} outputs; published {f.mismatches.get('published')}; "
-                    f"matching: {', '.join(f.matching) or '-'}{'; SKIPPED ' + f.skipped if f.skipped else ''}")
-                for m in f.first[:3]:
-                    say(f"      {m.label}: hw {m.hardware} model {m.model}")
-            for rr in r.random:
-                say(f"  random {rr.label}: {rr.n_differing} of {rr.n_outputs}")
-                for m in rr.first[:3]:
-                    say(f"      {m.label}: hw {m.hardware} model {m.model}")
-        res = Fp8ProbeResult(env["gpu"], env, WGMMA_FP8.name, tuple(results))
-        (out / "probe.json").write_text(res.to_json())
-        say(f"probe: {time.time() - t0:.1f} s")
     names = [n for n in args.kernels.split(",") if n]
     kernels = {}
     for n in names:
