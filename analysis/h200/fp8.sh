@@ -9,6 +9,8 @@
 #   gputests  pytest -m gpu on the fp8 tests
 # Carry: gpu_payload/{src.tar.gz,nvidia_cutlass-4.2.0.0-py3-none-any.whl,alibi_cache.tar.xz,kernel-pins.json,fbg}.
 # Usage: FP8_PARTS="probe measure matrix gputests" bash analysis/h200/fp8.sh     (results: $OUT/fp8.tgz, $OUT/summary.txt)
+#   FP8_MEASURE (default identify,record,depth), FP8_IDENTIFY (kernels whose schedule is read; default all),
+#   FP8_MATRIX_ROWS (default "256 32"); gpu_payload/vllm (optional) brings vllm-cutlass-fp8.
 set -u -o pipefail
 : "${OUT:?set OUT}"
 REPO=$PWD
@@ -26,6 +28,14 @@ mkdir -p /tmp/ac && tar -C /tmp/ac -xJf "$REPO/gpu_payload/alibi_cache.tar.xz" &
 mkdir -p -m 700 /tmp/acfg && cp "$REPO/gpu_payload/kernel-pins.json" /tmp/acfg/ && chmod 600 /tmp/acfg/kernel-pins.json && export ALIBI_CONFIG=/tmp/acfg
 mkdir -p /tmp/fbg && tar -C /tmp/fbg -xJf "$REPO/gpu_payload/fbg/fbgemm_triton_gemm-1.6.0.tar.xz" && export ALIBI_FBGEMM_ROOT=/tmp/fbg
 export TRITON_CACHE_DIR=/tmp/triton-cache
+# vLLM's op library (gpu_payload/vllm from analysis/h200/vllm_payload.sh, whole or split across calls): unpacked by
+# vllm.sh into /tmp/alibi-vllm, which a warm machine keeps between calls
+if [ -d "$REPO/gpu_payload/vllm" ]; then
+  (cd "$REPO" && bash analysis/h200/vllm.sh --unpack) 2>&1 | tail -n 2
+  if [ -f /tmp/alibi-vllm/_C_stable_libtorch.abi3.so ] && [ -f /tmp/alibi-vllm/triton_scaled_mm.py ]; then
+    export ALIBI_VLLM_OPS=/tmp/alibi-vllm/_C_stable_libtorch.abi3.so ALIBI_VLLM_TRITON=/tmp/alibi-vllm/triton_scaled_mm.py
+  fi
+fi
 R=$OUT/fp8; mkdir -p "$R"
 cp SOURCE_COMMIT "$R/"
 stamp "source: commit $(cat SOURCE_COMMIT); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
@@ -52,7 +62,8 @@ if want matrix; then
   head -n 20 "$R/matrix-tensor.txt" >> "$OUT/summary.txt"
 fi
 if want measure; then
-  timeout $(( $(left) - 60 )) python analysis/h200/fp8_measure.py "$R/measure" --parts identify,record,depth \
+  timeout $(( $(left) - 60 )) python analysis/h200/fp8_measure.py "$R/measure" --parts "${FP8_MEASURE:-identify,record,depth}" \
+    --identify "${FP8_IDENTIFY:-}" \
     > "$R/measure.log" 2>&1; stamp "measure: rc $?"
   grep -E "^identify|^kernel|^depth" "$R/measure.log" | grep -v "^identify:" | cut -c1-260 >> "$OUT/summary.txt"
 fi

@@ -1,7 +1,7 @@
 """On the GPU: every fp8 kernel's schedule read by probe at the matrix's shapes, small recorded outputs for the CPU
 tests, and the committed depth sweep re-read with the model (issue 34). The step itself: `alibi probe fp8-mma`.
 
-    python analysis/h200/fp8_measure.py OUT [--parts identify,record,depth] [--kernels a,b,...]
+    python analysis/h200/fp8_measure.py OUT [--parts identify,record,depth] [--kernels a,b,...] [--identify a,b,...]
 
 Writes OUT/identify.json (per kernel and shape: boundaries read, declared schedule,
 matching candidates), OUT/recorded.safetensors (random tiles and each kernel's outputs and exposed accumulators),
@@ -42,6 +42,7 @@ def main() -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--parts", default="identify,record,depth")
     p.add_argument("--kernels", default=",".join(KERNELS))
+    p.add_argument("--identify", default="", help="the kernels whose schedule is read (default: every kernel)")
     args = p.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,8 @@ def main() -> int:
     if "identify" in parts:
         t0 = time.time()
         doc = {}
-        for n, k in kernels.items():
+        chosen = [n for n in args.identify.split(",") if n] or list(kernels)
+        for n, k in ((n, k) for n, k in kernels.items() if n in chosen):
             rows = []
             for shape in SHAPES:
                 try:
