@@ -10,7 +10,7 @@
 # Carry: gpu_payload/{src.tar.gz,nvidia_cutlass-4.2.0.0-py3-none-any.whl,alibi_cache.tar.xz,kernel-pins.json,fbg}.
 # Usage: FP8_PARTS="probe measure matrix gputests" bash analysis/h200/fp8.sh     (results: $OUT/fp8.tgz, $OUT/summary.txt)
 #   FP8_MEASURE (default identify,record,depth), FP8_IDENTIFY (kernels whose schedule is read; default all),
-#   FP8_MATRIX_ROWS (default "256 32"); gpu_payload/vllm (optional) brings vllm-cutlass-fp8.
+#   FP8_MATRIX_ROWS (default "256 32"), FP8_GPUTESTS (default: the fp8 test files; "tests" for all); gpu_payload/vllm (optional) brings vllm-cutlass-fp8.
 set -u -o pipefail
 : "${OUT:?set OUT}"
 REPO=$PWD
@@ -45,8 +45,8 @@ if want probe; then
   tail -n 60 "$R/probe/summary.txt" >> "$OUT/summary.txt" 2>/dev/null
 fi
 if want gputests; then
-  timeout $(( $(left) - 15 )) python -m pytest -q -m gpu -p no:cacheprovider tests/exact/test_fp8_mma.py \
-    tests/kernels/test_fp8_gpu.py tests/conform/test_fp8_recorded.py > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
+  timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider ${FP8_GPUTESTS:-tests/exact/test_fp8_mma.py \
+    tests/kernels/test_fp8_gpu.py tests/conform/test_fp8_recorded.py} > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
   tail -n 5 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
 fi
 if want matrix; then
