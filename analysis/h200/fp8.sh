@@ -19,7 +19,13 @@ PARTS=" ${FP8_PARTS:-probe gputests matrix measure mutants} "
 want() { case "$PARTS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 left() { echo $(( ${BUDGET_S:-540} - ($(date +%s) - T0) )); }
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site gpu_payload/nvidia_cutlass-4.2.0.0-py3-none-any.whl || exit 1
+# CUTLASS: the headers' wheel, or (when the vLLM library leaves no room for it) only cutlass.h and version.h, enough to
+# find the libraries already built in alibi_cache.tar.xz (their cache key names the CUTLASS version); nothing compiles
+if [ -f gpu_payload/nvidia_cutlass-4.2.0.0-py3-none-any.whl ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site gpu_payload/nvidia_cutlass-4.2.0.0-py3-none-any.whl || exit 1
+else
+  export ALIBI_CUTLASS_INCLUDE=$REPO/gpu_payload/cutlass-min
+fi
 S=/tmp/src; rm -rf "$S"; mkdir -p "$S"
 if [ -f gpu_payload/src.tar.gz ]; then tar -xzf gpu_payload/src.tar.gz -C "$S"; else git archive HEAD | tar -x -C "$S"; git rev-parse HEAD > "$S/SOURCE_COMMIT"; fi
 cd "$S" || exit 1
@@ -38,7 +44,7 @@ if [ -d "$REPO/gpu_payload/vllm" ]; then
 fi
 R=$OUT/fp8; mkdir -p "$R"
 cp SOURCE_COMMIT "$R/"
-stamp "source: commit $(cat SOURCE_COMMIT); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+stamp "source: commit $(cat SOURCE_COMMIT); CUTLASS ${ALIBI_CUTLASS_INCLUDE:-wheel}; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 python -m alibi kernels > "$R/kernels.txt" 2>&1
 if want probe; then
   timeout $(( $(left) - 60 )) python -m alibi probe fp8-mma --out "$R/probe" > "$R/probe.log" 2>&1; stamp "probe: rc $?"
