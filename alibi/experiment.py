@@ -345,7 +345,7 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
     tree = require_committed_code(exp, allow_dirty) if protocol is not None else None
     regimes = pipeline.validate_regimes(exp.scales)
     pair = pipeline.choose_pair(*exp.kernels)
-    inputs = resolve_inputs(exp)
+    inputs = pipeline.within_declarations(resolve_inputs(exp), (pair.a, pair.b))  # the units the run's plan lists
     replay = None
     if exp.replay is not None:
         # deferred: keeps torch out of start-up
@@ -398,7 +398,8 @@ def run_experiment(exp: Experiment, out: str | Path | None = None, *, resume: bo
         write_reports(report, stage)
     if protocol is not None:  # the locked acceptance criteria, judged by code beside the report
 
-        judged = evaluate_study(exp.prereg, {"report": out / REPORT_DIR / "report.json"})
+        # the report was written just now, its manifest (the run's) comes last: read as written
+        judged = evaluate_study(exp.prereg, {"report": out / REPORT_DIR / "report.json"}, verify=False)
         atomic.write_text(out / CRITERIA_FILE, judged.to_json())
     predicate = build_predicate(
         inputs=pinned_inputs, seed=exp.seed, arms=arms,

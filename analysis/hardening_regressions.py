@@ -406,6 +406,139 @@ FIXES: tuple[Fix, ...] = (
          "tests/controls/test_identify.py::"
          "test_identify_exits_1_naming_the_match_when_the_declared_model_is_not_among_the_matches"),
     )),
+    # Issue 36 #1, every command that reads a result verifies it first: each case is a command run on a result
+    # changed after alibi wrote it, forged to contradict itself (its manifest rewritten to match), without its
+    # manifest, of another kind or of an older schema lacking what is compared, and the outcome expected; held
+    # against the code where it was found.
+    *(Fix(None, f"issue 36 #1: {case}", before=_ISSUE_36, tests=(test,)) for case, test in (
+        ("`alibi locate A B` with a logit digest of B's run.json changed: exit 2, one line naming B and its "
+         "manifest (was: identical)",
+         "tests/tokens/test_locate_verified.py::"
+         "test_locate_refuses_a_run_whose_logit_digest_was_changed_after_it_was_written"),
+        ("`alibi locate A B` with B's manifest.json removed: exit 2, one line naming B",
+         "tests/tokens/test_locate_verified.py::test_locate_refuses_a_run_folder_without_its_manifest"),
+        ("`alibi locate A B` with B an alibi-greedy-run/v1 run (no logit digests), its manifest intact: exit 2 "
+         "naming run.json and the logit digests it lacks, never `identical`",
+         "tests/tokens/test_locate_verified.py::"
+         "test_locate_refuses_an_older_run_without_logit_digests_instead_of_calling_it_identical"),
+        ("`alibi locate A B` with B's manifest of another kind (flip-analysis): exit 2 naming the kind",
+         "tests/tokens/test_locate_verified.py::test_locate_refuses_a_folder_whose_manifest_is_of_another_kind"),
+        ("`alibi report html M` with M/matrix.json's cells set to bitwise after it was written: exit 2 naming "
+         "matrix.json and its manifest, no page",
+         "tests/governance/test_verified_results.py::test_report_html_refuses_a_matrix_json_changed_after_it_was_written"),
+        ("`alibi report html M` with every cell forged bitwise and the manifest rewritten to match: exit 2, "
+         "\"contradicts itself: … says bitwise with 243 differing elements\" (was: drawn all-bitwise)",
+         "tests/governance/test_verified_results.py::test_report_html_refuses_a_forged_all_bitwise_matrix_even_under_a_rewritten_manifest"),
+        ("`alibi report html M` with a cell whose totals are not its units' sums, a unit explained with "
+         "predicted ≠ differing, or a pair missing (manifest rewritten): exit 2 naming the contradiction",
+         "tests/governance/test_verified_results.py::test_report_html_refuses_a_matrix_whose_cell_contradicts_its_units"),
+        ("`alibi report html D` on a report.json no manifest covers: exit 2 naming the file, nothing written",
+         "tests/html/test_cli_report.py::"
+         "test_a_folder_no_manifest_covers_is_refused_naming_its_json_and_nothing_is_written"),
+        ("`alibi prereg evaluate P --result real=F/flips.json` with one byte of flips.json changed: exit 2 naming "
+         "it (was: judged)",
+         "tests/governance/test_verified_results.py::test_prereg_evaluate_refuses_a_flips_json_that_fails_its_own_manifest"),
+        ("`alibi prereg evaluate P --result real=loose.json` with no manifest covering it: exit 2 naming it",
+         "tests/governance/test_verified_results.py::test_prereg_evaluate_refuses_a_result_no_manifest_covers"),
+        ("`alibi prereg evaluate P --result m=M/matrix.json` forged all-bitwise under a rewritten manifest: exit 2, "
+         "contradicts itself",
+         "tests/governance/test_verified_results.py::test_prereg_evaluate_refuses_a_matrix_that_contradicts_itself"),
+        ("`alibi analyze depth S` / `--rows R` with one byte added to depth.json / rows.json: exit 2 naming it",
+         "tests/sweep/test_cli_sweep.py::test_analyze_depth_refuses_a_sweep_changed_after_it_was_written"),
+        ("`alibi analyze flips A B` with B/records.json edited, with and without --allow-unverified: exit 2 "
+         "naming it (was: an identity violation that --allow-unverified waived)",
+         "tests/tokens/test_flips.py::"
+         "test_an_edited_records_file_is_refused_before_it_is_read_even_with_allow_unverified"),
+        ("`alibi conform --replay F/flips.json` with its flip rate edited to 0: exit 2 naming it, no report",
+         "tests/conform/test_cli_conform.py::"
+         "test_a_replay_flips_json_changed_after_it_was_written_is_refused_before_check_7_reads_it"),
+        ("`alibi conform --resume` with an edited unit and a planted ledger.shard-3.json of the run's plan "
+         "recording it: exit 2 naming the unit, not in the run's ledger",
+         "tests/conform/test_resume_trust.py::"
+         "test_a_planted_ledger_of_a_shard_the_run_never_started_does_not_vouch_for_a_unit"),
+        ("a resumed sharded run whose unit is vouched for only by the ledger of another shard, or of a shard it "
+         "never started: refused naming the unit; by the shard it was assigned to: trusted",
+         "tests/conform/test_resume_trust.py::"
+         "test_a_shard_ledger_vouches_only_for_the_units_the_run_assigned_to_that_shard"),
+    )),
+    # Issue 36 #5, `alibi variations` detects what it was built for: each case is a runner fault of the kind seen
+    # natively on the H200, or the default run, and the outcome expected; held against the code where found.
+    *(Fix(None, f"issue 36 #5: {case}", before=_ISSUE_36, tests=(f"tests/tokens/{test}",)) for case, test in (
+        ("an attention core that varies only at decode in batches of 6 or more (4 prompts, default sizes): "
+         "batch-size-6 fails naming the attention core at the first decode step; batches of 2 and 4 hold",
+         "test_variations_protocol.py::"
+         "test_an_attention_core_that_varies_only_in_large_batches_at_decode_fails_the_large_batch_alone"),
+        ("an attention fault at the last row of a large batch only: named at prompt 0's needle row",
+         "test_variations_protocol.py::test_an_attention_fault_at_the_last_row_only_is_named_at_the_needle_row"),
+        ("an attention core that differs from run to run: the repeat variation (3 runs in one process) fails "
+         "naming it",
+         "test_variations_protocol.py::test_a_nondeterministic_attention_core_fails_the_repeat_variation_and_is_named"),
+        ("`alibi variations` at default sizes: batches 2, 4, N+2 with needle rows, 3 repeats, the cold restart at "
+         "the large batch, all recorded and stated as what a pass certifies",
+         "test_variations_protocol.py::"
+         "test_the_default_run_records_its_sizes_restarts_at_the_large_batch_and_says_what_a_pass_certifies"),
+        ("the deterministic runner on the CPU: every default variation holds, every row of each batch compared",
+         "test_variations.py::test_the_deterministic_runner_passes_every_default_variation_on_the_tiny_llama"),
+        ("`alibi variations --batch-sizes 2,100000` or `--repeats 1000000`: exit 2, one line naming the option "
+         "and the limit, before the model loads",
+         "test_variations.py::test_an_absurd_batch_or_repeat_count_is_refused_before_any_model_loads"),
+    )),
+    # Issue 36 #6, behaviours of the new code that no test guarded: each was right all along, so each test is held
+    # against a mutation of HEAD's code that breaks the behaviour it claims.
+    *(Fix(None, f"issue 36 #6: {case}", before="HEAD", tests=(test,), mutations=(Mutation(path, old, new, why),))
+      for case, test, (path, old, new, why) in (
+        ("a variation failing at 4 of 16 positions: positions_identical = 12, as counted row by row on the logits",
+         "tests/tokens/test_variations_evidence.py::"
+         "test_a_variation_failing_at_some_positions_only_counts_exactly_the_rows_whose_logits_are_bitwise_equal",
+         ("alibi/tokens/variations.py", "identical = sum(a.logits[ka] == b.logits[kb] for ka, kb in keys)",
+          "identical = len(keys) if all(a.logits[ka] == b.logits[kb] for ka, kb in keys) else 0",
+          "all or nothing counted")),
+        ("two executions whose logits agree while the last MLP differs at a context position: the variation does "
+         "not hold and names the module",
+         "tests/tokens/test_variations_evidence.py::"
+         "test_executions_whose_logits_agree_while_a_module_inside_differs_do_not_hold_and_name_the_module",
+         ("alibi/tokens/variations.py", "holds=identical == compared and first is None)",
+          "holds=identical == compared)", "a pass judged on the logits alone")),
+        ("`alibi locate A B` of runs whose tokens and logits agree while a module differs: not identical, exit 1",
+         "tests/tokens/test_variations_evidence.py::"
+         "test_locate_calls_runs_whose_logits_and_tokens_agree_but_a_module_differs_not_identical",
+         ("alibi/tokens/locate.py", "rows[0] == rows[1] and div is None", "rows[0] == rows[1]",
+          "identical judged on the logits alone")),
+        ("3 tiles × 2 regimes judged in one batch, a different element planted in each: pow2-identity fires in "
+         "each pow2 unit with its own first mismatch",
+         "tests/conform/test_judge.py::test_pow2_identity_fires_in_each_unit_of_one_batch_with_that_units_own_first_mismatch",
+         ("alibi/conform/judge.py", '_first(masks, "pow2", i)', '_first(masks, "pow2", next(iter(masks["pow2"])))',
+          "every unit given the first pow2 unit's mismatch")),
+        ("the deterministic attention with a padded, non-causal mask per batch row: within 1e-5 of a float64 "
+         "softmax built without the code under test",
+         "tests/model/test_invariant_attention.py::"
+         "test_attention_with_a_padded_non_causal_mask_agrees_with_a_float64_softmax_over_the_allowed_keys",
+         ("alibi/model/invariant.py", "allowed = allowed.expand(b, hq, s, length)",
+          "allowed = allowed[:1].expand(b, hq, s, length)", "every batch row masked by row 0's mask")),
+        ("padded keys holding NaN leave every bit of the attention unchanged",
+         "tests/model/test_invariant_attention.py::"
+         "test_padded_keys_do_not_change_a_bit_of_the_result_even_when_they_hold_nan",
+         ("alibi/model/invariant.py",
+          "terms = torch.where(ok[..., None], weights[..., None] * v[:, :, None], -0.0)",
+          "terms = weights[..., None] * v[:, :, None]", "masked values multiplied by a zero weight, not dropped")),
+    )),
+    # Issue 36 regression of #0: the default tiles' fp32-bias probes refused every pair with vLLM's kernels (bias in
+    # the output dtype only) in conform, matrix and predict-pair; held against HEAD with the pair-aware source undone.
+    *(Fix(None, f"issue 36 #0 regression: {case}", before="HEAD", tests=(f"tests/conform/test_output_dtype_bias_pairs.py::{test}",),
+          mutations=(Mutation("alibi/conform/exercised.py",
+                              '    if not narrow or not source.record.get("exercises_declarations"):',
+                              "    if True:", "the default source not narrowed to the pair's declarations"),))
+      for case, test in (
+        ("`alibi conform` on the default tiles with a kernel declaring vLLM's output-dtype bias: pass, the 4 fp32-bias "
+         "probes left out and said so, every attribute exercised",
+         "test_a_pair_with_an_output_dtype_bias_kernel_passes_the_default_conform_without_the_fp32_bias_probes"),
+        ("`alibi matrix` of two such kernels, torch-cpu and an emulator on the default tiles: exit 0, every cell "
+         "pass; the fp32-bias probes left out of those kernels' pairs only",
+         "test_the_matrix_on_the_default_tiles_runs_output_dtype_bias_kernels_and_leaves_only_their_fp32_probes_out"),
+        ("`alibi predict-pair` with such a kernel on the default tiles: the fp32-bias probes left out and said so; "
+         "kept for a pair without one",
+         "test_predict_pair_on_the_default_tiles_leaves_out_only_the_probes_an_arm_never_takes"),
+    )),
 )
 
 

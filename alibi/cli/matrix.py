@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     matrix = run_matrix(names, source, regimes, available_only=args.available_only, ulp_threshold=args.ulp_threshold,
                         progress=None if args.quiet else progress_printer())
     # deferred: keeps torch out of start-up
+    from alibi.conform.exercised import within_declarations
     from alibi.kernels.registry import get_kernel
 
     arms = {k.name: treatment_of(get_kernel(k.name), k.name) for k in matrix.kernels}
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     for k in matrix.kernels:
         if k.fired:
             print(f"  {k.name}: its own check fired: {', '.join(k.fired)}")
+        if (left_out := within_declarations(source, [get_kernel(k.name)]).record.get("left_out")) is not None:
+            print(f"  pairs with {k.name}: {len(left_out['tiles'])} tiles left out: {left_out['because']}")
     for u in matrix.unavailable:
         print(f"  left out (not available here): {u.name}: {u.reason}")
     print(f"  matrix: {args.out}/matrix.json, matrix.md, report.html, manifest.json")

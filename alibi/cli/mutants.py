@@ -12,6 +12,7 @@ from alibi.io.progress import progress
 
 
 FP8_DEFAULT = "smollm2-135m-fp8"  # an fp8 base's default tiles
+FP8_BLOCK_DEFAULT = "smollm2-135m-fp8-block"  # a block-scaled fp8 base's default tiles
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the conformance checks of a base kernel against each of its mutants "
                                    "(mutant:<fault>[@<severity>]:<base>) and write the detection matrix. Without a "
                                    "tile source: the exposing set (tiles on which every fault changes output bits); for an fp8 base, "
-                                   f"the {FP8_DEFAULT} preset and the fp8 faults.")
+                                   f"the {FP8_DEFAULT} preset and the fp8 faults; for a block-scaled fp8 base, the "
+                                   f"{FP8_BLOCK_DEFAULT} preset and the block faults.")
     p.add_argument("--base", required=True, help="the int8 kernel to wrap (see 'alibi kernels')")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tiles", type=Path, help="folder of int8 tile .safetensors files")
@@ -73,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
         tiles = synthetic_tiles(args.synthetic, seed=args.seed, M=args.rows)
         source = {"label": f"synthetic preset {args.synthetic} (seed {args.seed})", "kind": "synthetic",
                   "preset": args.synthetic, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
+    elif "fp8_e4m3_block" in base.formats:
+        # a block-scaled base: one SmolLM2 block (K of 576 and 1536: several scale blocks, a ragged last group)
+        tiles = synthetic_tiles(FP8_BLOCK_DEFAULT, seed=args.seed, M=args.rows)
+        source = {"label": f"synthetic preset {FP8_BLOCK_DEFAULT} (seed {args.seed})", "kind": "synthetic",
+                  "preset": FP8_BLOCK_DEFAULT, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
     elif "int8" not in base.formats and "fp8_e4m3" in base.formats:
         # an fp8 base: one SmolLM2 block in e4m3 (K of 576 and 1536: promotion and split-K faults are observable)
         tiles = synthetic_tiles(FP8_DEFAULT, seed=args.seed, M=args.rows)

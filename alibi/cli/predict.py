@@ -58,6 +58,8 @@ def run_pair(args: argparse.Namespace) -> int:
     result = predict_pair(args.kernel_a, args.kernel_b, source, [r.strip() for r in args.scales.split(",") if r.strip()])
     print(f"alibi predict-pair: {args.kernel_a} ({result.model_a}) vs {args.kernel_b} ({result.model_b}) on "
           f"{source.record['label']}, declared models only (no kernel ran)")
+    if (left_out := result.source.get("left_out")) is not None:
+        print(f"  left out: {len(left_out['tiles'])} tiles: {left_out['because']}")
     for regime in dict.fromkeys(u.regime for u in result.units):
         us = [u for u in result.units if u.regime == regime]
         n = sum(u.n_predicted or 0 for u in us)

@@ -17,10 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "html", help="write a self-contained report.html for a result folder",
         description="Re-render the self-contained HTML report (figures inline, no network) of a result folder "
                     "from its JSON: report.json or report/report.json (alibi conform, alibi run), flips.json (alibi "
-                    "analyze flips), fits.json (alibi analyze depth), detection.json (alibi mutants); one section "
-                    "each. A folder that a manifest.json covers keeps exactly its pinned files: its page goes beside "
-                    "it as "
-                    "<folder>.report.html; in any other folder it goes beside the JSON, as report.html.")
+                    "analyze flips), fits.json (alibi analyze depth), detection.json (alibi mutants), "
+                    "variations.json (alibi variations), matrix.json (alibi matrix); one section each. Each file is "
+                    "read only once the manifest.json covering it verifies and is of the command that writes it "
+                    "(exit 2, naming the file, otherwise). The folder keeps exactly its pinned files: its page goes "
+                    "beside it as <folder>.report.html.")
     h.add_argument("folder", type=Path, help="the result folder")
     h.add_argument("--out", type=Path, default=None,
                    help="the HTML file to write (default: see above); refused inside a manifest-pinned folder")

@@ -22,14 +22,18 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("variations", help="certify that a token's logits do not depend on batch size, batch "
-                       "composition, chunking, prefill vs decode, KV cache or a restart")
+                       "composition, chunking, prefill vs decode, KV cache, repetition or a restart")
     p.add_argument("--model", type=Path, required=True, help="checkpoint folder (W8A8, or dense without --kernel)")
     p.add_argument("--kernel", help="the kernel of the W8A8 checkpoint's Linears")
     p.add_argument("--prompts", type=Path, required=True, help="prompt set folder (`alibi prompts build`)")
     p.add_argument("--windows", type=int, help="use the first N windows of the set (default: all)")
     p.add_argument("--context", type=int, help="T: tokens before the first compared position (default: half a window)")
     p.add_argument("--positions", type=int, help="P: compared positions per prompt (default: the rest of the window)")
-    p.add_argument("--batch-sizes", type=_sizes, default=(2, 4), help="batch sizes compared with batch 1 (default 2,4)")
+    p.add_argument("--batch-sizes", type=_sizes, help="batch sizes compared with batch 1 (default 2,4 and N+2, at "
+                   "least 64 on CUDA: a batch of B ≥ N windows holds every prompt, the first again at the middle and "
+                   "last rows, the rest filled by repeating the prompts)")
+    p.add_argument("--repeats", type=int, default=3, help="R: runs of the largest batch in one process, compared "
+                   "with the first (default 3; 1 leaves the repeat variation out)")
     p.add_argument("--chunk", type=int, default=16, help="C: tokens per chunk of the chunked prefill (default 16)")
     p.add_argument("--device", help="device for the model (default: the kernel's)")
     p.add_argument("--nondeterministic", action="store_true",
@@ -68,7 +72,7 @@ def variations(args: argparse.Namespace) -> int:
         raise InputError("--out is required: the folder for variations.json, report.md and report.html")
     report = lib.run_variations(args.model, args.prompts, args.out, kernel=args.kernel, windows=args.windows,
                                 context=args.context, positions=args.positions, batch_sizes=args.batch_sizes,
-                                chunk=args.chunk, device=args.device, deterministic=not args.nondeterministic,
+                                chunk=args.chunk, repeats=args.repeats, device=args.device, deterministic=not args.nondeterministic,
                                 restart=not args.no_restart, overwrite=args.overwrite,
                                 progress=progress("variations", quiet=args.quiet, unit="execution"),
                                 pages=write_report_html)

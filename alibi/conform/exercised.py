@@ -13,11 +13,18 @@ The default tile source claims to exercise every attribute in every `REQUIRED_CO
 (`alibi.tiles.declaration_probe`); `alibi.conform.pipeline.run_conformance` records this accounting in the
 report's `source.exercised` for such a source and makes a verdict that would pass inconclusive, naming the
 attribute, arm and context, when one was not exercised.
+
+A kernel that takes its bias only in the output dtype (`Kernel.bias_in_output_dtype`: vLLM's) declares nothing
+about an fp32 bias, and refuses one that dtype cannot hold. For a pair with such an arm, `within_declarations`
+leaves the fp32-bias declaration probes out of the source (the record's `left_out` names them and why): the
+output-dtype-bias probes exercise its declaration, and the accounting says which arm takes its bias how
+(`bias`), so an fp32 bias it never declared is neither run nor counted as unexercised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +49,35 @@ def alternatives(model: EpilogueModel) -> dict[str, list[EpilogueModel]]:
     rounding = [] if model.order == "product_first" else [replace(model, round_between=not model.round_between)]
     return {"scale order": orders, "intermediate rounding": rounding,
             "bias mode": [replace(model, bias=b) for b in BIAS_MODES if b != model.bias]}
+
+
+def bias_in_output_dtype_only(kernel) -> bool:
+    """Whether `kernel` declares its bias in the output dtype only (a recording wrapper passes it through)."""
+    return bool(getattr(kernel, "bias_in_output_dtype", False))
+
+
+def within_declarations(source, kernels: Sequence):
+    """`source` less the tiles no declaration of `kernels` covers: for a source that claims to exercise every
+    attribute (`record["exercises_declarations"]`), the fp32-bias declaration probes when a kernel takes its bias
+    only in the output dtype (module docstring); the record's `left_out` names them and why. Any other source is
+    returned as it is (a tile the user gave is run, and a kernel that cannot take it says so), and so is one
+    already narrowed: applying this twice changes nothing. The manifest resource stays the source's: the same
+    tiles were made or read, and the record says which of them this pair ran."""
+    narrow = [k.name for k in kernels if bias_in_output_dtype_only(k)]
+    if not narrow or not source.record.get("exercises_declarations"):
+        return source
+    fp32_bias = [t for t in source.tiles if t.meta.get("kind") == "declaration-probe" and t.bias is not None
+                 and t.bias.dtype != t.out_dtype]
+    if not fp32_bias:
+        return source
+    who = " and ".join(f"`{n}`" for n in dict.fromkeys(narrow))
+    record = {**source.record, "left_out": {
+        "tiles": [t.name for t in fp32_bias],
+        "because": f"{who} take{'s' if len(set(narrow)) == 1 else ''} a bias only in the output dtype: a float32 "
+                   "bias is no part of its declaration, so the float32-bias declaration probes are left out for "
+                   "this pair (the output-dtype-bias probes exercise its bias mode)"}}
+    left_out = {id(t) for t in fp32_bias}
+    return replace(source, tiles=tuple(t for t in source.tiles if id(t) not in left_out), record=record)
 
 
 def exercised(pair, tiles: Iterable, regimes: Iterable[str], apply_regime: Callable) -> dict[str, Any]:
@@ -96,6 +132,7 @@ def exercised(pair, tiles: Iterable, regimes: Iterable[str], apply_regime: Calla
             for attr in ATTRIBUTES:
                 per_attr[attr][ctx] = sorted({name for pending in entries.values() for name in pending[attr]})
         result[arm] = {"declares": sorted(declared[arm]), "kernel": arms[arm].name,
+                       "bias": "output dtype only" if bias_in_output_dtype_only(arms[arm]) else "float32 or output dtype",
                        "not_shown": {attr: {ctx: alts for ctx, alts in sorted(by_ctx.items()) if alts}
                                      for attr, by_ctx in per_attr.items()},
                        "contexts": sorted(missing[arm])}
@@ -121,4 +158,5 @@ def unexercised(accounting: dict[str, Any], required: Iterable[str] = REQUIRED_C
     return lines
 
 
-__all__ = ["ATTRIBUTES", "REQUIRED_CONTEXTS", "alternatives", "context", "exercised", "unexercised"]
+__all__ = ["ATTRIBUTES", "REQUIRED_CONTEXTS", "alternatives", "bias_in_output_dtype_only", "context", "exercised",
+           "unexercised", "within_declarations"]

@@ -24,9 +24,11 @@ from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import INT32_LIMIT, EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
+from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks, block_schedule_differences
 from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
 from alibi.kernels.base import OPERANDS
+from alibi.kernels.cpu import unit_scales
 from alibi.tiles.tile import Tile
 
 Stage = Callable[[str], AbstractContextManager[None]]
@@ -41,10 +43,18 @@ class PreparedTile:
     acc: torch.Tensor | None
     exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
     regimes: dict[str, Tile] = field(default_factory=dict)  # the tile under a regime, where computed ahead
-    scheduled: dict[AccumulationSchedule, torch.Tensor] = field(default_factory=dict)  # fp8: model accumulators
+    scheduled: dict[Any, torch.Tensor] = field(default_factory=dict)  # fp8: model accumulators
 
-    def scheduled_accumulator(self, schedule: AccumulationSchedule) -> torch.Tensor:
-        """The fp32 accumulator `schedule` prescribes for this fp8 tile (computed once, shared by both regimes)."""
+    def scheduled_accumulator(self, schedule: AccumulationSchedule | BlockSchedule, tile: Tile | None = None,
+                              regime: str = "real") -> torch.Tensor:
+        """The fp32 accumulator `schedule` prescribes for this fp8 tile (computed once, shared by both regimes); a
+        block schedule's includes the scales, so it is computed once per regime, on `tile` (this tile under it)."""
+        if isinstance(schedule, BlockSchedule):
+            t = tile or self.tile
+            key: Any = (schedule, regime)
+            if key not in self.scheduled:
+                self.scheduled[key] = accumulate_blocks(schedule, t.a_q, t.s_a, t.w_q, t.s_w, t.block_layout)
+            return self.scheduled[key]
         if schedule not in self.scheduled:
             self.scheduled[schedule] = accumulate(schedule, self.tile.a_q, self.tile.w_q)
         return self.scheduled[schedule]
@@ -66,12 +76,18 @@ class UnitRun:
     subsets: dict[str, list[tuple[list[int], torch.Tensor]]] | None
     again: dict[str, torch.Tensor] | None
     evidence: dict[str, dict[str, Any]]
+    own_exposed: dict[str, torch.Tensor | None] | None = None
+    """Block-scaled tiles, whose accumulators include the scales: what each arm exposed on this unit's launch
+    (else None, and the accumulators the tile's first launches exposed are shared by its regimes)."""
+
+    def exposed_accumulator(self, arm: str) -> torch.Tensor | None:
+        return self.prepared.exposed.get(arm) if self.own_exposed is None else self.own_exposed.get(arm)
 
     def shape_key(self) -> tuple:
         """What units must share to be judged as one batch (the operands are copies of the tile's, so its shape,
         format, bias and scale layout fix theirs)."""
-        exposed = tuple(None if x is None else tuple(x.shape) for x in (self.prepared.exposed.get("a"),
-                                                                          self.prepared.exposed.get("b")))
+        exposed = tuple(None if x is None else tuple(x.shape) for x in (self.exposed_accumulator("a"),
+                                                                          self.exposed_accumulator("b")))
         return (*tile_key(self.tile), tuple(self.out_a.shape), tuple(self.out_b.shape), exposed)
 
 
@@ -131,8 +147,12 @@ def cause_steps(a: EpilogueModel, b: EpilogueModel, bias: bool) -> list[tuple[st
     return taken
 
 
-def schedule_cause(a: AccumulationSchedule, b: AccumulationSchedule) -> str:
+def schedule_cause(a: AccumulationSchedule | BlockSchedule, b: AccumulationSchedule | BlockSchedule) -> str:
     """What differs between two declared fp8 accumulation schedules, as a cause label."""
+    if isinstance(a, BlockSchedule) and isinstance(b, BlockSchedule):
+        return f"accumulation schedule ({', '.join(block_schedule_differences(a, b)) or 'same'})"
+    if isinstance(a, BlockSchedule) or isinstance(b, BlockSchedule):
+        return "accumulation schedule (block-scaled against per-row)"
     parts = [label for label, differs in (("step model", a.step != b.step),
                                           ("promotion interval", a.promotion_k != b.promotion_k),
                                           ("split-K", a.split_k != b.split_k)) if differs]
@@ -257,18 +277,21 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         # within int32 (one small transfer to know), else wrapped
         max_abs_acc = checks.largest(acc.abs()) if int8 else None
         acc32 = (acc.to(torch.int32) if int(max_abs_acc.max()) < INT32_LIMIT else int32_wrap(acc)) if int8 else None
-        exposed = {arm: _stack([r.prepared.exposed.get(arm) for r in runs]) for arm in ("a", "b")}
+        exposed = {arm: _stack([r.exposed_accumulator(arm) for r in runs]) for arm in ("a", "b")}
         # fp8: the fp32 accumulator each arm's declared schedule prescribes (`alibi.exact.fp8_mma`), where it declares
         # a deterministic one
-        scheduled = {arm: torch.stack([r.prepared.scheduled_accumulator(decl.schedule(arm)) for r in runs])
+        scheduled = {arm: torch.stack([r.prepared.scheduled_accumulator(decl.schedule(arm), r.tile, r.regime)
+                                       for r in runs])
                      for arm in ("a", "b") if not int8 and decl.schedule(arm) is not None}
+        # block-scaled tiles: the scales are inside the accumulators, so the epilogue models run with scales of 1
+        es_a, es_w = (s_a, s_w) if t0.block_layout is None else unit_scales(out_a)
 
         # int8: every arm is held to its model applied to the exact accumulator; fp8: to its declared epilogue applied
         # to the accumulator its declared schedule prescribes, or, declaring no schedule, to its epilogue applied to its
         # *own* exposed fp32 accumulator (unjudged when it exposes none).
         def model_out(model: EpilogueModel | None, arm: str) -> torch.Tensor | None:
             base = acc32 if int8 else scheduled.get(arm, exposed[arm])
-            return None if model is None or base is None else apply_epilogue(model, base, s_a, s_w, bias, dtype)
+            return None if model is None or base is None else apply_epilogue(model, base, es_a, es_w, bias, dtype)
         expect_a = model_out(ma, "a")
         same = int8 or (decl.schedule("a") is not None and decl.schedule("a") == decl.schedule("b"))
         expect_b = expect_a if (same and ma is not None and ma == mb) else model_out(mb, "b")
@@ -352,7 +375,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         elif int8:
             causes = _causes(decl, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values)
         else:
-            causes = _causes(decl, expect_a, expect_b, scheduled["a"], s_a, s_w, bias, dtype, values,
+            causes = _causes(decl, expect_a, expect_b, scheduled["a"], es_a, es_w, bias, dtype, values,
                              None if same else scheduled["b"])
         expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
         return [_unit(pair, decl, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
@@ -486,7 +509,7 @@ def _fp8_accumulator_verdict(decl: Declarations, run: UnitRun, i: int, v: dict[s
     schedule prescribes, bit for bit."""
     judged = sorted(arm for arm in ("a", "b") if f"acc_{arm}" in v)
     if not judged:
-        exposed = [arm for arm in ("a", "b") if run.prepared.exposed.get(arm) is not None]
+        exposed = [arm for arm in ("a", "b") if run.exposed_accumulator(arm) is not None]
         why = ("no arm exposes its fp32 accumulator" if not exposed else
                f"arm(s) {', '.join(exposed)} expose an accumulator but declare no deterministic schedule here")
         return checks.inapplicable("exact-accumulator", why)

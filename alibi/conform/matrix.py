@@ -178,6 +178,50 @@ class Matrix(TypedResult):
         """1 when a pair differs unexplained or a kernel's own check fired; else 0."""
         return 1 if (self.unexplained or any(k.fired for k in self.kernels)) else 0
 
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "") -> Matrix:
+        """The document as a Matrix, refused (InputError naming `where`) when it contradicts itself
+        (`contradiction`): a reader must not draw or judge a cell its own numbers disprove."""
+        m = super().from_dict(doc, where)
+        why = m.contradiction()
+        if why is not None:
+            raise InputError(f"{where or cls.FILE}: contradicts itself: {why}; the file was edited or damaged: "
+                             f"{cls.REMEDY}")
+        return m
+
+    def contradiction(self) -> str | None:
+        """What no matrix `run_matrix` writes can hold (None when nothing): every unordered pair of the kernels
+        once; a cell's totals the sums over its units, each unit at most its element count; `bitwise` with no
+        differing element and nothing fired against the models; `explained` only where every unit differs
+        exactly where predicted; no ulp distance without a differing element."""
+        names = [k.name for k in self.kernels]
+        if len(set(names)) != len(names):
+            return "a kernel is listed twice"
+        pairs = [frozenset((c.kernel_a, c.kernel_b)) for c in self.cells]
+        expected = {frozenset(p) for p in itertools.combinations(names, 2)}
+        if len(set(pairs)) != len(pairs) or set(pairs) != expected:
+            return f"its cells are not one per pair of its {len(names)} kernels"
+        for c in self.cells:
+            cell = f"cell {c.kernel_a} vs {c.kernel_b}"
+            if any(not 0 <= u.n_differing <= u.n_elements for u in c.units):
+                return f"{cell}: a unit has more differing elements than elements, or fewer than none"
+            if (c.n_elements, c.n_differing) != (sum(u.n_elements for u in c.units), sum(u.n_differing for u in c.units)):
+                return (f"{cell}: {c.n_differing:,} of {c.n_elements:,} elements differ, but its units sum to "
+                        f"{sum(u.n_differing for u in c.units):,} of {sum(u.n_elements for u in c.units):,}")
+            against_models = {"predicted-differences", "epilogue-model"} & set(c.fired)
+            if c.status == PairStatus.BITWISE and (c.n_differing or against_models
+                                                   or any(u.explained is False for u in c.units)):
+                return f"{cell}: says bitwise with {c.n_differing:,} differing elements" + (
+                    f" and {', '.join(sorted(against_models))} fired" if against_models else "")
+            if c.status == PairStatus.EXPLAINED and (c.n_differing == 0 or not all(u.explained for u in c.units)):
+                return f"{cell}: says explained, yet {'no element differs' if c.n_differing == 0 else 'a unit is not'}"
+            if any(u.explained and u.n_predicted != u.n_differing for u in c.units):
+                return f"{cell}: a unit says explained with predicted and differing counts that are not equal"
+            if any(u.n_differing == 0 and u.max_ulp not in (None, 0) for u in c.units) or (
+                    c.n_differing == 0 and c.max_ulp not in (None, 0)):
+                return f"{cell}: an ulp distance with no differing element"
+        return None
+
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A v1 document as it was written: its cells without `not_judged_because` (`alibi.io.typed`)."""
         if doc["schema"] == V1:
@@ -332,6 +376,7 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
         environment,
         run_conformance,
         validate_regimes,
+        within_declarations,
     )
     from alibi.kernels.registry import get_kernel
 
@@ -375,9 +420,11 @@ def run_matrix(names: Sequence[str], source: TileSource, regimes: Sequence[str] 
         if progress:
             c = cells[-1]
             progress(n, len(pairs), f"{a.name} vs {b.name}: {c.status} ({c.n_differing} differing)")
-    real_tiles = [apply_regime(t, "real") for t in source.tiles] if "real" in regimes else []
     rows = []
     for k in chosen:
+        # each kernel on the tiles its declaration covers (no fp32-bias probe for one taking its bias in the output dtype)
+        real_tiles = ([apply_regime(t, "real") for t in within_declarations(source, [k]).tiles]
+                      if "real" in regimes else [])
         checks_ = self_checks(k, real_tiles) if real_tiles else tuple(
             Verdict(c, False, False, "checked in the real-scale regime, which this matrix did not run") for c in SELF_CHECKS)
         ok, how = k.available()

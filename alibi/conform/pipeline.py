@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from alibi.conform import checks
-from alibi.conform.exercised import exercised, unexercised
+from alibi.conform.exercised import exercised, unexercised, within_declarations
 from alibi.conform.judge import PreparedTile, UnitRun, judge, tile_key
 from alibi.conform.results import (
     Equivalence,
@@ -233,14 +233,18 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     dev = t.a_q.device
     with stage("io"):
         ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
-    # An exposed accumulator does not depend on the scales: each arm exposes it once per tile.
-    want = {arm: arm not in prepared.exposed for arm in ("a", "b")}
+    # An exposed accumulator does not depend on the scales: each arm exposes it once per tile (but a block-scaled
+    # tile's, which includes them: once per unit, `UnitRun.own_exposed`).
+    scaled = t.block_layout is not None
+    want = {arm: scaled or arm not in prepared.exposed for arm in ("a", "b")}
     with stage("kernels"):
         run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True, wait=False)
         run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True, wait=False)
     with stage("io"):
+        own = {arm: None if run.acc is None else run.acc.to(dev) for arm, run in (("a", run_a), ("b", run_b))} \
+            if scaled else None
         for arm, run in (("a", run_a), ("b", run_b)):
-            if want[arm]:
+            if want[arm] and not scaled:
                 prepared.exposed[arm] = None if run.acc is None else run.acc.to(dev)
         out_a, out_b = _arm_output(kernel_a, run_a.out, t), _arm_output(kernel_b, run_b.out, t)
     subsets = again = None
@@ -254,7 +258,7 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     with stage("kernels"):
         wait_for([kernel_a, kernel_b], t.name)  # once per unit, not per launch (`Kernel.run`)
     return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
-                   {"a": run_a.evidence, "b": run_b.evidence})
+                   {"a": run_a.evidence, "b": run_b.evidence}, own)
 
 
 def sub_tile(t: Tile, rows: list[int]) -> Tile:
@@ -476,9 +480,11 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     (default: now, `created_now`; None for none). replay: the flip analysis check 7 is judged on (it
     must be of this pair). timer: collects per-stage wall time (`alibi bench conform`). device: where
     the exact reference, the models and the checks run (default `check_device()`); the bits do not
-    depend on it (`alibi bench conform` runs both and compares).
+    depend on it (`alibi bench conform` runs both and compares). A source that claims every attribute is first
+    narrowed to what the pair's declarations cover (`alibi.conform.exercised.within_declarations`).
     """
     regimes = validate_regimes(regimes)
+    source = within_declarations(source, (pair.a, pair.b))
     if not source.tiles:
         raise InputError("no tiles to check")
     if replay is not None:
@@ -555,6 +561,7 @@ def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_
     this never touches its plan. shard: the worker's index (its own ledger in the folder).
     """
     regimes = validate_regimes(regimes)
+    source = within_declarations(source, (pair.a, pair.b))  # the tile indices are those of the pair's source
     device = check_device() if device is None else torch.device(device)
     store = UnitStore(units_dir, shard=shard)
     todo = [(i, source.tiles[i], [r for r in regimes if not store.has(unit_id(i, source.tiles[i].name, r))])
@@ -577,6 +584,7 @@ def start_units(units_dir: str | Path, pair: Pair, source: TileSource, regimes: 
                 created_at: Any = _NOW) -> str | None:
     """Create (or, resuming, check) a units folder with the plan `run_conformance` would write for the same
     arguments; returns the run's created_at. For callers that compute the units elsewhere first."""
+    source = within_declarations(source, (pair.a, pair.b))
     check_formats(pair, source.tiles)
     params = {"seed": seed, "ulp_threshold": ulp_threshold, "invariance": invariance, **(plan_parameters or {})}
     created = created_now() if created_at is _NOW else created_at
@@ -592,4 +600,4 @@ def exit_code(report: Report, strict: bool = False) -> int:
 
 __all__ = ["REGIMES", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
            "evaluate_unit", "evaluate_units", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
-           "summarize"]
+           "summarize", "within_declarations"]

@@ -112,9 +112,13 @@ def exercised_line(report: Report) -> str | None:
                 for ctx in accounting.get("required_contexts", []) if ctx not in rec.get("contexts", []))
     where = " and ".join(sorted({c.split()[0] for c in accounting.get("required_contexts", [])})) + \
         " outputs, decode and prefill M"
+    narrow = [f"`{rec.get('kernel')}`" for rec in arms.values() if rec.get("bias") == "output dtype only"]
+    bias = (f"; bias in the output dtype only ({' and '.join(narrow)} declares no float32 bias: the float32-bias "
+            "probes were left out)" if narrow else "")
     if gaps:
-        return f"exercised: {gaps} attribute(s) of the declarations not exercised ({where} required; see inconclusive)"
-    return f"exercised: scale order, intermediate rounding and bias mode of both declarations, in {where}"
+        return (f"exercised: {gaps} attribute(s) of the declarations not exercised ({where} required; see "
+                f"inconclusive){bias}")
+    return f"exercised: scale order, intermediate rounding and bias mode of both declarations, in {where}{bias}"
 
 
 def equivalence_words(report: Report) -> str:

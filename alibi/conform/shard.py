@@ -28,6 +28,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from alibi.conform.unit_store import UnitStore
 from alibi.errors import InputError, KernelUnavailable, WorkerFailed, one_line
 from alibi.io.typed import TypedResult
 
@@ -347,6 +348,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     Raises InputError / KernelUnavailable / WorkerFailed naming the failed worker; finished units stay.
     """
     # deferred: keeps torch out of start-up
+    from alibi.conform.exercised import within_declarations
     from alibi.conform.pipeline import choose_pair, start_units, unit_id, validate_regimes
 
     if (devices is None) == (ray_address is None):
@@ -356,6 +358,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     if not source.tiles:
         raise InputError("no tiles to check")
     pair = choose_pair(kernel_a, kernel_b)
+    source = within_declarations(source, (pair.a, pair.b))  # the tiles the shards' indices count (compute_units)
     if ray_address is not None:
         require_ray()  # before the units folder is created
     start_units(units_dir, pair, source, regimes, resume=resume, seed=seed, ulp_threshold=ulp_threshold,
@@ -364,10 +367,14 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     arms = (pair.a.name, pair.b.name, pair.selection)
 
     def make_jobs(n: int, device_of: Callable[[int], str] | str, threads: int) -> list[ShardJob]:
-        return [ShardJob(w, device_of if isinstance(device_of, str) else device_of(w), tiles, kernel_a, kernel_b,
+        jobs = [ShardJob(w, device_of if isinstance(device_of, str) else device_of(w), tiles, kernel_a, kernel_b,
                          arms, source_spec, source.resource, regimes, str(units_dir), ulp_threshold, invariance,
                          threads, quiet)
                 for w, tiles in enumerate(shard_tiles(len(source.tiles), n))]
+        # before any shard starts: the run's ledger says which units each shard's ledger may vouch for
+        UnitStore(units_dir).assign({j.worker: [unit_id(i, source.tiles[i].name, r) for i in j.tile_indices
+                                                for r in regimes] for j in jobs})
+        return jobs
 
     start = time.perf_counter()
     if ray_address is not None:

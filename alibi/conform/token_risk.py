@@ -19,7 +19,7 @@ from typing import Any
 
 from alibi.conform import checks
 from alibi.errors import InputError
-from alibi.governance.manifest import sha256_bytes
+from alibi.governance.verified import verified_file
 from alibi.tokens.flips import FLIPS_FILE, FlipAnalysis
 from alibi.tokens.steps import ALIBI_SHAPE
 
@@ -75,18 +75,17 @@ def check_bound(bound: Any, where: str = "--flip-threshold") -> float:
 
 
 def load_replay(path: str | os.PathLike, bound: float = DEFAULT_FLIP_THRESHOLD) -> ReplayEvidence:
-    """Read `path` (a flips.json, or the folder holding one) through `FlipAnalysis.from_json`."""
+    """Read `path` (a flips.json, or the folder holding one) through `FlipAnalysis.from_json`, once its manifest
+    (kind `flip-analysis`) vouches for every byte of its folder (`alibi.governance.verified`)."""
     bound = check_bound(bound)
     p = Path(path)
     f = p / FLIPS_FILE if p.is_dir() else p
-    try:
-        data = f.read_bytes()
-        text = data.decode("utf-8")
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"--replay {f}: cannot read the flip analysis ({exc.__class__.__name__}); pass the "
-                         "flips.json written by `alibi analyze flips`") from None
-    fa = FlipAnalysis.from_json(text, f"--replay {f}")
-    return ReplayEvidence(path=str(f), sha256=sha256_bytes(data), bound=bound, flip_rate=fa.flip_rate,
+    if not f.is_file():
+        raise InputError(f"--replay {f}: no such flip analysis; pass the flips.json written by `alibi analyze flips`")
+    verified = verified_file(f, ("flip-analysis",), fix="pass --replay the flips.json `alibi analyze flips` wrote, "
+                             "its folder as it wrote it")
+    fa = FlipAnalysis.from_json(verified.text(), f"--replay {f}")
+    return ReplayEvidence(path=str(f), sha256=verified.sha256, bound=bound, flip_rate=fa.flip_rate,
                           n_flips=fa.n_flips, n_positions=fa.n_positions, kernels=(fa.arm_a.kernel, fa.arm_b.kernel),
                           alibi_kernels=fa.arm_a.shape == fa.arm_b.shape == ALIBI_SHAPE
                           and None not in (fa.arm_a.kernel, fa.arm_b.kernel),

@@ -14,6 +14,10 @@ enters the report:
   a unit whose digest no ledger of this plan records — planted, edited, copied — is refused. The
   order (ledger first, then the unit) keeps every kill recoverable: a recorded digest without a file
   only means the unit is computed again;
+- the digests chain to the plan the run started: the run's own ledger (`ledger.json`) vouches for any
+  unit, a shard's ledger only for the units the run's ledger assigned to that shard before the shard
+  started (`assign`). So a ledger planted under a shard's name — of a shard the run never started, or
+  listing a unit another shard computes — vouches for nothing;
 - each unit is checked against its schema (the exact fields of `UnitResult`, integer counts) and against
   invariants that hold for every computed unit: its tile, regime, format and shape are the current
   tile's; `n_elements = M·N`; `0 ≤ n_differing ≤ n_elements`; `bitwise_equal` iff no element differs;
@@ -46,9 +50,10 @@ from alibi.io.digests import sha256_bytes
 from alibi.io.typed import from_plain, to_plain
 
 UNIT_SCHEMA = "alibi.conform-unit/v2"
-LEDGER_SCHEMA = "alibi.conform-ledger/v1"
+LEDGER_SCHEMA = "alibi.conform-ledger/v2"  # v2: the run's ledger assigns units to shards
 PLAN_FILE = "plan.json"
-_LEDGER = re.compile(r"^ledger(\.shard-\d+)?\.json$")
+RUN_LEDGER = "ledger.json"
+_LEDGER = re.compile(r"^ledger(\.shard-(\d+))?\.json$")
 
 
 def unit_text(doc: dict[str, Any]) -> str:
@@ -84,9 +89,11 @@ class UnitStore:
             raise InputError(f"{one_line(str(plan))}: cannot read the run's plan ({exc.strerror or exc}); run "
                              "without --resume to start afresh") from None
         self.plan_sha256 = _sha256(self.plan_bytes)
-        self._ledger_path = self.folder / ("ledger.json" if shard is None else f"ledger.shard-{int(shard)}.json")
-        # What this writer recorded before a kill stays recorded (a resumed run extends its ledger).
-        self._mine: dict[str, set[str]] = self._read_ledger(self._ledger_path) if self._ledger_path.is_file() else {}
+        self._ledger_path = self.folder / (RUN_LEDGER if shard is None else f"ledger.shard-{int(shard)}.json")
+        # What this writer recorded (and, the run's own, assigned) before a kill stays (a resumed run extends it).
+        self._mine, self._assigned = self._read_ledger(self._ledger_path)
+        if shard is not None:
+            self._assigned = {}  # only the run's own ledger assigns units to shards
 
     # --- starting ---------------------------------------------------------------------------------
 
@@ -127,30 +134,57 @@ class UnitStore:
         """Record the unit's digest in this process's ledger, then write the unit file (both atomically)."""
         text = self.unit_document(unit, evidence, tile_digest)
         self._mine.setdefault(uid, set()).add(_sha256(text.encode("utf-8")))
-        ledger = {"schema": LEDGER_SCHEMA, "plan": self.plan_sha256,
-                  "units": {u: sorted(d) for u, d in sorted(self._mine.items())}}
-        atomic.write_text(self._ledger_path, json.dumps(ledger, indent=1) + "\n")
+        self._write_ledger()
         atomic.write_text(self.path(uid), text)
 
-    def _read_ledger(self, path: Path) -> dict[str, set[str]]:
-        """{unit id: digests} a ledger of this plan records (a ledger of another plan, or a damaged one,
-        records nothing)."""
+    def assign(self, shards: dict[int, list[str]]) -> None:
+        """Record in the run's own ledger, before the shards start, which unit ids each shard worker computes
+        (added to what earlier starts assigned: a resumed run may split the tiles otherwise). A shard's ledger
+        vouches for these units only (`recorded`)."""
+        if self._ledger_path.name != RUN_LEDGER:
+            raise ValueError("only the run's own store assigns units to shards")  # a bug of the caller
+        for shard, uids in shards.items():
+            self._assigned.setdefault(int(shard), set()).update(uids)
+        self._write_ledger()
+
+    def _write_ledger(self) -> None:
+        ledger = {"schema": LEDGER_SCHEMA, "plan": self.plan_sha256,
+                  "units": {u: sorted(d) for u, d in sorted(self._mine.items())}}
+        if self._assigned:  # only a sharded run's own ledger: every other keeps its bytes
+            ledger["shards"] = {str(i): sorted(u) for i, u in sorted(self._assigned.items())}
+        atomic.write_text(self._ledger_path, json.dumps(ledger, indent=1) + "\n")
+
+    def _read_ledger(self, path: Path) -> tuple[dict[str, set[str]], dict[int, set[str]]]:
+        """({unit id: digests}, {shard: unit ids}) a ledger of this plan records (a missing ledger, one of
+        another plan, or a damaged one, records nothing)."""
         try:
-            doc = jsonio.read(path)
+            doc = jsonio.read(path) if path.is_file() else None
         except InputError:
-            return {}
+            doc = None
         if not isinstance(doc, dict) or doc.get("schema") != LEDGER_SCHEMA or doc.get("plan") != self.plan_sha256 \
                 or not isinstance(doc.get("units"), dict):
-            return {}
-        return {uid: {d for d in digests if isinstance(d, str)} for uid, digests in doc["units"].items()
-                if isinstance(digests, list)}
+            return {}, {}
+        units = {uid: {d for d in digests if isinstance(d, str)} for uid, digests in doc["units"].items()
+                 if isinstance(digests, list)}
+        shards = doc.get("shards") if isinstance(doc.get("shards"), dict) else {}
+        assigned = {int(i): {u for u in uids if isinstance(u, str)} for i, uids in shards.items()
+                    if isinstance(i, str) and i.isdigit() and isinstance(uids, list)}
+        return units, assigned
 
     def recorded(self) -> dict[str, set[str]]:
-        """{unit id: digests} over every ledger of this plan in the folder."""
-        found: dict[str, set[str]] = {}
+        """{unit id: digests} that chain to this run's plan: every digest of the run's own ledger, and of each
+        shard's ledger those of the units the run's ledger assigned to that shard (module docstring)."""
+        own, assigned = self._read_ledger(self.folder / RUN_LEDGER)
+        for shard, uids in self._assigned.items():
+            assigned.setdefault(shard, set()).update(uids)
+        found: dict[str, set[str]] = {uid: set(d) for uid, d in own.items()}
         for entry in sorted(self.folder.iterdir()):
-            if _LEDGER.match(entry.name) and entry.is_file():
-                for uid, digests in self._read_ledger(entry).items():
+            match = _LEDGER.match(entry.name)
+            if match is None or match.group(2) is None or not entry.is_file():
+                continue
+            mine = assigned.get(int(match.group(2)), set())
+            for uid, digests in self._read_ledger(entry)[0].items():
+                if uid in mine:
                     found.setdefault(uid, set()).update(digests)
         for uid, digests in self._mine.items():
             found.setdefault(uid, set()).update(digests)

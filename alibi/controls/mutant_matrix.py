@@ -38,6 +38,7 @@ from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
 from alibi.io.typed import TypedResult
 from alibi.kernels.base import Kernel, KernelOutput
+from alibi.kernels.block_mutants import BLOCK_FAULTS, BlockFp8MutantKernel
 from alibi.kernels.mutants import (
     ALL,
     FAULTS,
@@ -49,7 +50,7 @@ from alibi.kernels.mutants import (
     fault,
     native_triton_mutant,
 )
-from alibi.tiles.tile import Tile
+from alibi.tiles.tile import BLOCK_FORMAT, Tile
 
 SCHEMA = "alibi.mutants/v1"
 PAPER_SEVEN = ("shared-operands", "int32-no-overflow", "lossless-fp32-entry", "exact-accumulator",
@@ -281,6 +282,16 @@ def plan_rows(base: Kernel, base_name: str, faults: Iterable[str] | None, severi
     levels = [Severity.parse(s) for s in dict.fromkeys(severities)]
     if not levels:
         raise InputError("--severity: empty list; use one, pct, all or percentages such as 5%")
+    if BLOCK_FORMAT in base.formats:  # a block-scaled fp8 base: faults of its block accumulation
+        names = list(dict.fromkeys(faults)) if explicit else list(BLOCK_FAULTS)
+        unknown = [n for n in names if n not in BLOCK_FAULTS]
+        if unknown:
+            raise InputError(f"unknown block fault {unknown[0]!r}; block faults: {', '.join(BLOCK_FAULTS)}")
+        if native:
+            raise InputError("--native: native fault variants live inside the int8 'triton' kernel")
+        return [Plan(name, level.label, "wrapper",
+                     lambda f=BLOCK_FAULTS[name], level=level: BlockFp8MutantKernel(f, level, base))
+                for name in names for level in (levels if name != "null" else [ALL])], []
     if "int8" not in base.formats and "fp8_e4m3" in base.formats:  # an fp8 base: faults of its accumulation
         names = list(dict.fromkeys(faults)) if explicit else list(FP8_FAULTS)
         unknown = [n for n in names if n not in FP8_FAULTS]

@@ -26,6 +26,7 @@ exactly which bytes were judged against which locked text.
 
 from __future__ import annotations
 
+import importlib
 import math
 import operator
 from collections.abc import Mapping
@@ -35,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from alibi.errors import InputError
-from alibi.governance.manifest import sha256_file
+from alibi.io.digests import sha256_bytes
 from alibi.governance.prereg import require_locked
+from alibi.governance.verified import verified_file
 from alibi.io import jsonio, yamlio
 from alibi.io.typed import TypedResult
 
@@ -201,19 +203,41 @@ def evaluate(criteria: tuple[Criterion, ...], documents: Mapping[str, Mapping[st
     return Evaluation(verdict, tuple(outcomes), dict(sources), None if protocol is None else dict(protocol))
 
 
-def read_source(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+# The result types whose documents carry consistency checks of their own (`from_dict`), by schema prefix: a
+# source of one of these is read through it, so a document that contradicts itself is refused, not judged.
+_TYPED_SOURCES = {"alibi.conform/": ("alibi.conform.results", "Report"),
+                  "alibi-flips/": ("alibi.tokens.flips", "FlipAnalysis"),
+                  "alibi.matrix/": ("alibi.conform.matrix", "Matrix")}
+SOURCE_FIX = "pass a result file as the alibi command that wrote it left it, its folder's manifest intact"
+
+
+def read_source(path: str | Path, *, verify: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
     """A result JSON file as a document (conform reports get their derived metrics added) and its
-    {path, sha256}."""
+    {path, sha256}.
+
+    verify: the file is read only once the manifest covering it vouches for every byte of its folder
+    (`alibi.governance.verified`); False only for a caller that wrote the file itself a moment ago,
+    before its manifest (`alibi run`). The document must name its `schema`; one of a type with
+    consistency checks of its own (a conform report, a flip analysis, a matrix) is read through that
+    type, so a document that contradicts itself is refused (InputError naming the file)."""
     p = Path(path)
-    try:
-        doc = jsonio.read(p)
-    except InputError as exc:
-        raise InputError(f"{exc}; pass the result file the criterion names") from None
-    if not isinstance(doc, dict):
-        raise InputError(f"{p}: a result file must hold a JSON object")
-    if str(doc.get("schema", "")).startswith("alibi.conform/"):
+    if verify:
+        data = verified_file(p, None, fix=SOURCE_FIX).data
+    else:
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{p}: cannot be read ({exc.strerror}); {SOURCE_FIX}") from None
+    doc = jsonio.loads(data, str(p))
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
+        raise InputError(f"{p}: not an alibi result (a JSON object naming its `schema`); {SOURCE_FIX}")
+    for prefix, (module, name) in _TYPED_SOURCES.items():
+        if doc["schema"].startswith(prefix):
+            # imported by name: the result types bring torch and numpy, which start-up does without
+            getattr(importlib.import_module(module), name).from_dict(doc, str(p))
+    if doc["schema"].startswith("alibi.conform/"):
         doc = {**doc, **conform_report_metrics(doc)}
-    return doc, {"path": str(p), "sha256": sha256_file(p)}
+    return doc, {"path": str(p), "sha256": sha256_bytes(data)}
 
 
 def conform_report_metrics(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,12 +312,14 @@ def study_criteria(prereg_folder: str | Path) -> tuple[Criterion, ...]:
     raise InputError(f"{path}: states no acceptance criteria (`criteria:` list); add them before measuring")
 
 
-def evaluate_study(prereg_folder: str | Path, sources: Mapping[str, str | Path]) -> Evaluation:
+def evaluate_study(prereg_folder: str | Path, sources: Mapping[str, str | Path], *, verify: bool = True) -> Evaluation:
     """Evaluate a locked protocol's criteria against result files (`name → path`): the protocol is
-    verified first (`require_locked`), and its lock and head hashes go into the evaluation."""
+    verified first (`require_locked`), each result against its manifest (`read_source`; `verify=False`
+    only for results the caller has just written, before their manifest), and the protocol's lock and
+    head hashes go into the evaluation."""
     record = require_locked(prereg_folder)
     criteria = study_criteria(prereg_folder)
     documents, digests = {}, {}
     for name, path in sources.items():
-        documents[name], digests[name] = read_source(path)
+        documents[name], digests[name] = read_source(path, verify=verify)
     return evaluate(criteria, documents, digests, record.as_dict())

@@ -4,9 +4,10 @@
   `alibi run` write as `report.json`), rendered from exactly the JSON text written beside it;
   `write_conform_html(report, folder)` writes it as `folder/report.html`.
 - `render_folder(folder)` — the page for any result folder: every section (`alibi.html.sections`:
-  conform/run, flips, depth fits, mutants) whose JSON file the folder holds. `alibi report html DIR`
-  calls it; `write_report_html(folder)` writes it as `folder/report.html` (for a command that
-  stages its folder: call it after the JSON is in the stage and before the manifest).
+  conform/run, flips, depth fits, mutants, variations, matrix) whose JSON file the folder holds, each
+  read only once its manifest vouches for it (`alibi.governance.verified`). `alibi report html DIR`
+  calls it; `write_report_html(folder)` writes the page of a folder as `folder/report.html` (for a
+  command that stages its folder: call it after the JSON is in the stage and before the manifest).
 - `default_output(folder, source)` / `check_output(path)` — where a re-rendered page goes without
   breaking a manifest (see `pinning_manifest`).
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from alibi.conform.results import Report
 from alibi.errors import InputError
 from alibi.governance.manifest import MANIFEST_NAME, read_manifest
+from alibi.governance.verified import verified_file
 from alibi.html.render import RenderedSection, render_page
 from alibi.html.sections import section, sections
 from alibi.io import atomic
@@ -59,7 +61,16 @@ def write_conform_html(report: Report, folder: str | os.PathLike) -> Path:
 
 
 def render_folder(folder: str | os.PathLike) -> RenderedPage:
-    """Every section whose result file `folder` holds, in section order; InputError if it holds none."""
+    """Every section whose result file `folder` holds, in section order, each read only once a manifest of
+    the section's kinds vouches for it (`alibi.governance.verified`: a changed, added-to or forged result
+    is refused, naming the file); InputError if it holds none."""
+    def read(s, path: Path) -> str:
+        return verified_file(path, s.kinds, fix=f"re-run the command that wrote {path.name}").text()
+
+    return _render(folder, read)
+
+
+def _render(folder: str | os.PathLike, read) -> RenderedPage:
     root = Path(folder)
     if not root.is_dir():
         raise InputError(f"{root}: no such result folder; pass a folder written by alibi conform or alibi run")
@@ -68,11 +79,7 @@ def render_folder(folder: str | os.PathLike) -> RenderedPage:
         path = s.find(root)
         if path is None:
             continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot be read ({exc}); check the file and its permissions") from None
-        rendered.append(s.render(text, str(path)))
+        rendered.append(s.render(read(s, path), str(path)))
         sources.append(path.relative_to(root))
     if not rendered:
         looked = ", ".join(dict.fromkeys(f for s in sections() for f in s.files))
@@ -83,9 +90,17 @@ def render_folder(folder: str | os.PathLike) -> RenderedPage:
     return RenderedPage(_page(rendered, note), tuple(sources))
 
 
+def _read_staged(_section, path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot be read ({exc}); check the file and its permissions") from None
+
+
 def write_report_html(folder: str | os.PathLike) -> Path:
-    """Render every section `folder` holds and write `folder/report.html` atomically; returns its path."""
-    return atomic.write_text(Path(folder) / HTML_NAME, render_folder(folder).html)
+    """Render every section `folder` holds and write `folder/report.html` atomically; returns its path. For a
+    command's own staged folder, before its manifest: the JSON is the command's own, just written."""
+    return atomic.write_text(Path(folder) / HTML_NAME, _render(folder, _read_staged).html)
 
 
 def pinning_manifest(path: str | os.PathLike) -> Path | None:

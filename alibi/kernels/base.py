@@ -77,6 +77,10 @@ class Kernel:
     """fp8 kernels: how the tensor core's chains are accumulated (`alibi.exact.fp8_mma`), the declaration conform
     holds the accumulator to beside the epilogue; None for int8 (exact) and for a kernel that declares none."""
 
+    scaled_accumulator: bool = False
+    """Block-scaled fp8 kernels: the scales enter the accumulation, so `accumulator` takes them too
+    (`accumulator(a_q, w_q, s_a, s_w)`, the fp32 accumulator after the scales) and `run` passes them."""
+
     def epilogue_at(self, M: int) -> EpilogueModel | None:
         """The epilogue model of a call with M rows (a kernel whose epilogue depends on M overrides this)."""
         return self.epilogue
@@ -170,7 +174,8 @@ class Kernel:
         with raised_as_kernel_failure(repr(self.name), tile.name):
             out = self.scaled_mm(ops["a_q"], ops["s_a"], ops["w_q"], ops["s_w"], ops["bias"], tile.out_dtype)
             ev = self.evidence() if evidence else {}
-            acc = self.accumulator(ops["a_q"], ops["w_q"]) if accumulator else None
+            scales = (ops["s_a"], ops["s_w"]) if self.scaled_accumulator else ()
+            acc = self.accumulator(ops["a_q"], ops["w_q"], *scales) if accumulator else None
             if dev.type == "cuda" and (wait or not on_device):
                 torch.cuda.synchronize()
         if not on_device:

@@ -42,11 +42,18 @@ BUILTIN: dict[str, str] = {
     "fbgemm-fp8-row": "alibi.kernels.fbgemm:FbgemmFp8RowKernel",
     "sgl-int8": "alibi.kernels.sglang:SglInt8Kernel",
     "sgl-fp8": "alibi.kernels.sglang:SglFp8Kernel",
+    # Block-scaled fp8 (1x128 activations, 128x128 weights; alibi/kernels/block_scaled.py and docs/fp8-block.md)
+    "cublaslt-fp8-block": "alibi.kernels.block_scaled:CublasLtFp8BlockKernel",
+    "vllm-triton-fp8-block": "alibi.kernels.vllm_block:VllmTritonFp8BlockKernel",
+    "vllm-cutlass-fp8-block": "alibi.kernels.vllm_block:VllmCutlassFp8BlockKernel",
+    "fbgemm-fp8-block": "alibi.kernels.triton_block:FbgemmFp8BlockKernel",
+    "torchao-fp8-block": "alibi.kernels.triton_block:TorchaoFp8BlockKernel",
 }
 
 # Families whose members are parsed, not listed: `emulator:<order>[+<bias mode>]`,
-# `emulator-fp8:<schedule>:<order>[+<bias mode>]`, `mutant:<fault>[@<s>]:<base>`.
-PATTERN_PREFIXES = ("emulator:", "emulator-fp8:", "mutant:")
+# `emulator-fp8:<schedule>:<order>[+<bias mode>]`, `emulator-fp8-block:<block schedule>:<bias mode>`,
+# `mutant:<fault>[@<s>]:<base>`.
+PATTERN_PREFIXES = ("emulator:", "emulator-fp8:", "emulator-fp8-block:", "mutant:")
 
 
 def plugin_registrations() -> dict[str, list]:

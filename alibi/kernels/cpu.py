@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
+from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout
+from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks
 from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
 
@@ -62,6 +65,66 @@ class Fp8EmulatorKernel(Kernel):
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         return accumulate(self.accumulation, a_q, w_q)
+
+
+BLOCK_BIAS_MODES = ("add_before_cast", "add_after_cast")
+
+
+def block_epilogue(bias_mode: str) -> EpilogueModel:
+    """A block-scaled kernel's epilogue as an epilogue model applied with unit scales (the scales are inside the
+    accumulator): `add_before_cast` (the bias added to the fp32 accumulator, one cast; `fma` would be the same bits)
+    or `add_after_cast` (cast, then the bias added and the sum cast again: vLLM's `output + bias` after its block
+    GEMM). Without a bias both are one cast of the accumulator."""
+    if bias_mode not in BLOCK_BIAS_MODES:
+        raise InputError(f"block-scaled epilogue {bias_mode!r} is unknown; use {' or '.join(BLOCK_BIAS_MODES)} (the "
+                         "scales are applied inside the accumulation, so only the bias and the cast remain)")
+    return EpilogueModel("product_first", bias_mode)  # type: ignore[arg-type]
+
+
+def unit_scales(acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales of 1 for `apply_epilogue` on an accumulator [..., M, N] that already holds the scales: every order then
+    multiplies by exactly 1."""
+    lead, (M, N) = acc.shape[:-2], acc.shape[-2:]
+    return (torch.ones((*lead, M), dtype=torch.float32, device=acc.device),
+            torch.ones((*lead, N), dtype=torch.float32, device=acc.device))
+
+
+class BlockFp8EmulatorKernel(Kernel):
+    """The block-scaled fp8 reference: the accumulator a declared `BlockSchedule` prescribes (the measured Hopper step
+    model in fresh chains, promoted with the block scales: `alibi.exact.fp8_block_mma`), then the bias and the cast.
+    Exact on the CPU and on the GPU alike (exact float64 inside the chains, one IEEE fp32 operation or one exactly
+    rounded FMA per promotion step); `accumulator` returns the fp32 accumulator *after* the scales."""
+
+    formats = ("fp8_e4m3_block",)
+    PREFIX = "emulator-fp8-block:"
+    scaled_accumulator = True
+
+    def __init__(self, schedule: BlockSchedule, bias_mode: str, layout: BlockLayout = DEEPSEEK_V3):
+        self.accumulation, self.epilogue, self.layout = schedule, block_epilogue(bias_mode), layout
+        self.name = f"{self.PREFIX}{schedule.label}:{bias_mode}"
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.description = f"block-scaled fp8 step model, {schedule.describe()}; bias {bias_mode} (reference)"
+
+    def available(self) -> tuple[bool, str]:
+        return True, f"reference emulator of block-scaled fp8 ({self.layout.text}) on the measured sm_90 step model"
+
+    def run(self, tile, **kwargs):
+        if tile.block_layout is not None and tile.block_layout != self.layout:
+            raise InputError(f"kernel {self.name!r} takes {self.layout.text} scales; tile {tile.name!r} has "
+                             f"{tile.block_layout.text}")
+        return super().run(tile, **kwargs)
+
+    def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor, s_a: torch.Tensor | None = None,
+                    s_w: torch.Tensor | None = None) -> torch.Tensor | None:
+        if s_a is None or s_w is None:
+            raise InputError(f"kernel {self.name!r}: a block-scaled accumulator includes the scales; pass s_a and s_w")
+        # a nondeterministic declaration runs in one of its orders (conform leaves such a pair not judged)
+        return accumulate_blocks(self.accumulation.in_one_order(), a_q, s_a, w_q, s_w, self.layout)
+
+    def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        acc = self.accumulator(a_q, w_q, s_a, s_w)
+        return apply_epilogue(self.epilogue, acc, *unit_scales(acc), bias, out_dtype)
 
 
 class TorchCpuKernel(Kernel):

@@ -2,7 +2,9 @@
 
 Names: `emulator:<order>[+<bias mode>]` (e.g. `emulator:w_then_a`, `emulator:a_then_w+add_after_cast`),
 `emulator-fp8:<schedule>:<order>[+<bias mode>]` (the fp8 step model under a declared accumulation schedule, e.g.
-`emulator-fp8:fast-accum:w_then_a`, `emulator-fp8:promote-128:a_then_w+add_after_cast`), `torch-cpu`, `triton`, `triton:w_then_a+fma`, the kernels of `alibi.kernels.catalog.BUILTIN`, and the positive controls
+`emulator-fp8:fast-accum:w_then_a`, `emulator-fp8:promote-128:a_then_w+add_after_cast`),
+`emulator-fp8-block:<block schedule>:<bias mode>` (block-scaled fp8 under a declared block schedule, e.g.
+`emulator-fp8-block:block128:fma(sa*sw,p,acc):add_before_cast`; `alibi.exact.fp8_block_mma`), `torch-cpu`, `triton`, `triton:w_then_a+fma`, the kernels of `alibi.kernels.catalog.BUILTIN`, and the positive controls
 `mutant:<fault>[@<severity>]:<base>` (any int8 base; see `alibi.kernels.mutants`). A third-party
 package registers its own kernel under the entry-point group `alibi.kernels`
 (`name = "pkg.module:KernelClass"`); the object loaded must be a zero-argument callable returning a
@@ -20,8 +22,10 @@ from alibi.exact.emulator import ORDERS, EpilogueModel
 from alibi.kernels.base import Kernel, UnavailableKernel
 from alibi.kernels.catalog import BUILTIN, did_you_mean, plugin_registrations
 from alibi.kernels.plugins import load_plugin, shadowed, shadowing_reason
+from alibi.exact.fp8_block_mma import PROMOTIONS, RESCALE, parse_block_schedule
 from alibi.exact.fp8_mma import parse_schedule
-from alibi.kernels.cpu import EmulatorKernel, Fp8EmulatorKernel
+from alibi.kernels.block_mutants import parse_block_mutant
+from alibi.kernels.cpu import BlockFp8EmulatorKernel, EmulatorKernel, Fp8EmulatorKernel
 from alibi.kernels.mutants import parse_mutant
 
 _BUILTIN = BUILTIN
@@ -49,6 +53,7 @@ def shadowing_plugins() -> list[tuple[str, str]]:
 def kernel_names() -> list[str]:
     emulators = [f"emulator:{o}" for o in ORDERS]
     emulators += [f"{Fp8EmulatorKernel.PREFIX}{s}:{o}" for s in ("fast-accum", "promote-128") for o in ORDERS]
+    emulators += [f"{BlockFp8EmulatorKernel.PREFIX}block128:{p}:add_before_cast" for p in [*PROMOTIONS, RESCALE]]
     return emulators + sorted(_BUILTIN) + sorted(_EXTRA) + sorted(_plugins())
 
 
@@ -67,12 +72,14 @@ def get_kernel(name: str) -> Kernel:
         return _emulator(name)
     if name.startswith(Fp8EmulatorKernel.PREFIX):
         return _fp8_emulator(name)
+    if name.startswith(BlockFp8EmulatorKernel.PREFIX):
+        return _fp8_block_emulator(name)
     if name in _EXTRA:
         return _EXTRA[name]()
     if name in _BUILTIN:
         return _load(name, _BUILTIN[name])
     if name.startswith("mutant:"):  # mutant:<fault>[@<severity>]:<base>
-        return parse_mutant(name, get_kernel)
+        return parse_block_mutant(name, get_kernel) or parse_mutant(name, get_kernel)
     plugins = _plugins()
     if name in plugins:
         return load_plugin(name, plugins[name])
@@ -95,6 +102,17 @@ def _fp8_emulator(name: str) -> Kernel:
                          "e.g. emulator-fp8:fast-accum:w_then_a")
     try:
         return Fp8EmulatorKernel(parse_schedule(schedule), EpilogueModel.parse(spec))
+    except InputError as exc:
+        raise InputError(f"unknown kernel {name!r}: {exc}") from None
+
+
+def _fp8_block_emulator(name: str) -> Kernel:
+    schedule, sep, bias_mode = name.removeprefix(BlockFp8EmulatorKernel.PREFIX).rpartition(":")
+    if not sep:
+        raise InputError(f"unknown kernel {name!r}: expected {BlockFp8EmulatorKernel.PREFIX}<block schedule>:"
+                         "<add_before_cast|add_after_cast>, e.g. emulator-fp8-block:block128:fma(sa*sw,p,acc):add_before_cast")
+    try:
+        return BlockFp8EmulatorKernel(parse_block_schedule(schedule), bias_mode)
     except InputError as exc:
         raise InputError(f"unknown kernel {name!r}: {exc}") from None
 

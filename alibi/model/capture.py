@@ -27,6 +27,7 @@ from typing import Self
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.fp8_block import LAYOUT_KEY
 from alibi.governance.manifest import build_predicate, digest_set, resource, treatment_of, write_manifest
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
@@ -94,6 +95,8 @@ class OperandRecorder:
             name = c.layer if c.layer not in repeated else f"{c.layer}#{c.call}"
             tile_meta = {**(meta or {}), "layer": c.layer, "layer_index": str(order[c.layer]), "call": str(c.call),
                          "source": "capture"}
+            if getattr(lin, "layout", None) is not None:  # a BlockFp8Linear: a block-scaled tile
+                tile_meta[LAYOUT_KEY] = lin.layout.text
             out.append(Tile(
                 name=name,
                 a_q=c.a_q.cpu(),

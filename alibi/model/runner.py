@@ -8,7 +8,15 @@ exactly what vLLM does for this scheme:
     a_q, s_a = quantize_per_token(x)              # dynamic symmetric per-token int8 (alibi.exact.quant)
     y = kernel.scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype=bf16)
 
-so the kernel is the only thing two arms differ in. A dense checkpoint loads unchanged (no kernel).
+so the kernel is the only thing two arms differ in. A block-scaled fp8 checkpoint (DeepSeek-V3 / Qwen3-FP8
+layout, `alibi.model.fp8_block_checkpoint`) gets a `BlockFp8Linear` instead, the same with vLLM's block recipe:
+
+    a_q, s_a = quantize_fp8_groups(x, 128)        # dynamic e4m3 per 1×128 group (alibi.exact.fp8_block)
+    y = kernel.scaled_mm(a_q, s_a, w_q, weight_scale_inv, bias, out_dtype=bf16)   # a block kernel
+
+A K that is not a multiple of 128 (SmolLM2's 576) is handed to the kernel as it is, with ceil(K/128) scale
+groups; a kernel that needs whole blocks pads A and W with zero bytes, which changes no bit of its result
+(docs/fp8-block.md). A dense checkpoint loads unchanged (no kernel).
 Everything else runs batch-invariant and deterministic unless asked otherwise
 (`alibi.model.execution`): the same token at the same position gets the same bits whatever the
 batch, the chunking of the prompt, or the use of the KV cache.
@@ -22,20 +30,23 @@ kernel's device unless another is given.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout, quantize_fp8_groups
 from alibi.exact.quant import quantize_per_token
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
-from alibi.model.compressed_tensors import W8A8Checkpoint, parse_w8a8
+from alibi.model.compressed_tensors import parse_w8a8
+from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
 from alibi.model.execution import ExecutionMode, apply_execution_mode
 from alibi.model.trace import row_digests
+from alibi.tiles.tile import BLOCK_FORMAT
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
 MODEL_DTYPE = torch.bfloat16
@@ -78,6 +89,30 @@ class W8A8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.name}"
 
 
+class BlockFp8Linear(W8A8Linear):
+    """A Linear with e4m3 weights [N,K] and fp32 block scales [ceil(N/bn), ceil(K/bk)] (`weight_scale_inv`) that
+    calls a block-scaled `kernel.scaled_mm`. A W8A8Linear in every other respect (the kernel call, the observers):
+    only the operands differ. Inputs are quantized per 1 × bk group of each row (vLLM's
+    `per_token_group_quant_fp8`), after flattening the leading dimensions as W8A8Linear does."""
+
+    def __init__(self, name: str, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None, kernel: Kernel,
+                 layout: BlockLayout = DEEPSEEK_V3):
+        super().__init__(name, w_q, s_w, bias, kernel)
+        self.layout = layout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        a_q, s_a = quantize_fp8_groups(x.reshape(-1, self.in_features), self.layout.block_k)
+        for observe in self.observers:
+            observe(self, a_q, s_a)
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        y = self.kernel.scaled_mm(a_q, s_a, self.w_q, self.s_w, self.bias, out_dtype)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_layout={self.layout.text}"
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to run: the transformers `model`, the `kernel` its quantized Linears call
@@ -95,7 +130,7 @@ class LoadedModel:
         return self.kernel is not None
 
     def linears(self) -> Iterator[W8A8Linear]:
-        """The W8A8 Linears, in module order."""
+        """The quantized Linears (W8A8, or their block-scaled subclass), in module order."""
         return (m for m in self.model.modules() if isinstance(m, W8A8Linear))
 
     @torch.inference_mode()
@@ -203,19 +238,24 @@ def _build(config: dict, device: torch.device) -> torch.nn.Module:
     return model.eval()
 
 
-def _swap_linears(model: torch.nn.Module, ckpt: W8A8Checkpoint, kernel: Kernel, device: torch.device) -> None:
+Operands = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]  # a quantized Linear's weight, scale, bias
+
+
+def _swap_linears(model: torch.nn.Module, linears: Mapping[str, Operands], make: Callable[..., W8A8Linear],
+                  device: torch.device) -> None:
+    """Replace each Linear named in `linears` by `make(name, weight, scale, bias)` on `device`."""
     modules = dict(model.named_modules())
-    for name, lin in ckpt.linears.items():
+    for name, (weight, scale, bias) in linears.items():
         old = modules.get(name)
         if not isinstance(old, torch.nn.Linear):
             raise InputError(f"checkpoint module {name!r} is not a Linear of the {type(model).__name__} "
                              "built from config.json; the checkpoint and its config disagree")
-        if (old.out_features, old.in_features) != tuple(lin.weight.shape):
-            raise InputError(f"{name}: weight is {list(lin.weight.shape)} but the model expects "
+        if (old.out_features, old.in_features) != tuple(weight.shape):
+            raise InputError(f"{name}: weight is {list(weight.shape)} but the model expects "
                              f"[{old.out_features}, {old.in_features}]")
         parent_name, _, child = name.rpartition(".")
-        bias = None if lin.bias is None else lin.bias.to(device=device, dtype=MODEL_DTYPE)
-        new = W8A8Linear(name, lin.weight.to(device), lin.scale.to(device), bias, kernel)
+        bias = None if bias is None else bias.to(device=device, dtype=MODEL_DTYPE)
+        new = make(name, weight.to(device), scale.to(device), bias)
         setattr(modules[parent_name] if parent_name else model, child, new)
 
 
@@ -239,20 +279,26 @@ def _load_dense(model: torch.nn.Module, tensors: dict[str, torch.Tensor], folder
         raise InputError(f"{folder}: tensor(s) {', '.join(sorted(missing)[:3])} missing from the checkpoint")
 
 
-def resolve_kernel(kernel: str | Kernel) -> Kernel:
-    """A kernel object from a registry name, checked to be available (KernelUnavailable otherwise)."""
+def resolve_kernel(kernel: str | Kernel, operands: str = "int8") -> Kernel:
+    """A kernel object from a registry name, checked to be available (KernelUnavailable otherwise) and to take
+    `operands` (`int8` for a W8A8 checkpoint, `fp8_e4m3_block` for a block-scaled one)."""
     k = get_kernel(kernel) if isinstance(kernel, str) else kernel
     k.require_available()
-    if "int8" not in k.formats:
-        raise InputError(f"kernel {k.name!r} does not take int8 operands; W8A8 checkpoints need an int8 kernel")
+    if operands not in k.formats:
+        if operands == "int8":
+            raise InputError(f"kernel {k.name!r} does not take int8 operands; W8A8 checkpoints need an int8 kernel")
+        raise InputError(f"kernel {k.name!r} does not take block-scaled fp8 operands; a block-scaled checkpoint "
+                         "needs a block kernel, e.g. emulator-fp8-block:block128:fma(sa*sw,p,acc):add_before_cast")
     return k
 
 
 def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None,
                deterministic: bool = True) -> LoadedModel:
-    """Load the checkpoint in `folder` (dense, or compressed-tensors W8A8 with `kernel`) into transformers.
+    """Load the checkpoint in `folder` (dense, compressed-tensors W8A8, or block-scaled fp8, the last two with
+    `kernel`) into transformers.
 
-    kernel: registry name or Kernel; required for a W8A8 checkpoint and refused for a dense one.
+    kernel: registry name or Kernel; required for a quantized checkpoint (an int8 kernel for W8A8, a block kernel
+    for block-scaled fp8) and refused for a dense one.
     device: default the kernel's device (CPU for a dense model).
     deterministic: the batch-invariant, deterministic runner (default); False keeps the libraries'
     own attention, norms and flags (`alibi.model.execution`).
@@ -261,19 +307,33 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     config = read_config(folder)
     tensors = read_tensors(folder)
     quantized = "quantization_config" in config
+    block = is_block_fp8_config(config)
+    what = "block-scaled fp8" if block else "W8A8"
     if quantized and kernel is None:
-        raise InputError(f"{folder}: is a W8A8 checkpoint; choose the kernel its Linears run with (--kernel NAME)")
+        raise InputError(f"{folder}: is a {what} checkpoint; choose the kernel its Linears run with (--kernel NAME)")
     if not quantized and kernel is not None:
         raise InputError(f"{folder}: is a dense checkpoint; it has no quantized Linears for kernel "
                          f"{kernel if isinstance(kernel, str) else kernel.name!r} to run (drop --kernel)")
-    k = resolve_kernel(kernel) if quantized else None
+    k = resolve_kernel(kernel, BLOCK_FORMAT if block else "int8") if quantized else None
     dev = torch.device(device) if device else (k.torch_device() if k else torch.device("cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda requested but torch sees no CUDA device here")
+    if block:  # parsed before the model is built: a layout the kernel does not take is refused first
+        blocks = parse_block_fp8(config, tensors, str(folder))
+        layout = blocks.scheme.layout
+        kernel_layout = getattr(k, "layout", layout)
+        if kernel_layout != layout:
+            raise InputError(f"{folder}: its scales are {layout.text}, but kernel {k.name!r} takes "
+                             f"{kernel_layout.text}; choose a kernel of the checkpoint's layout")
     model = _build(config, dev)
-    if quantized:
+    if block:
+        _swap_linears(model, {n: (q.weight, q.scale_inv, q.bias) for n, q in blocks.linears.items()},
+                      lambda *a: BlockFp8Linear(*a, k, layout), dev)
+        tensors = dict(blocks.dense)
+    elif quantized:
         ckpt = parse_w8a8(config, tensors, str(folder))
-        _swap_linears(model, ckpt, k, dev)
+        _swap_linears(model, {n: (q.weight, q.scale, q.bias) for n, q in ckpt.linears.items()},
+                      lambda *a: W8A8Linear(*a, k), dev)
         tensors = dict(ckpt.dense)
     _load_dense(model, tensors, folder)
     mode = apply_execution_mode(model, deterministic)

@@ -109,7 +109,7 @@ def module_kind(module: torch.nn.Module | None, name: str) -> str:
     if name.rsplit(".", 1)[-1].split("#")[0] == "attention":
         return "attention-core"
     cls = type(module).__name__ if module is not None else ""
-    if cls == "W8A8Linear":
+    if cls in ("W8A8Linear", "BlockFp8Linear"):  # the block-scaled subclass is the kernel under test too
         return "w8a8-linear"
     if cls in ("Linear", "RowBlockLinear"):
         return "linear"
@@ -287,17 +287,43 @@ def first_divergence(a: ModuleTrace, b: ModuleTrace, keys=None) -> Divergence | 
     ta, tb = a.table(), b.table()
     shared = sorted(set(ta) & set(tb), key=lambda k: (k[1], k[0])) if keys is None else \
         sorted(keys, key=lambda k: (k[1], k[0]))
+    found = _first_difference(a, b, ta, tb, [(k, k) for k in shared])
+    return None if found is None else found[0]
+
+
+def first_divergence_paired(a: ModuleTrace, b: ModuleTrace,
+                            pairs: Sequence[tuple[int, int]]) -> tuple[Divergence, int] | None:
+    """`first_divergence` over rows that the two traces label differently: `pairs` are (prompt label in
+    a, prompt label in b), e.g. a prompt run alone (labelled by its window) and the rows of a batch that
+    hold it (labelled by row). Every position both rows hold is compared; the smallest position with a
+    difference wins, then the pair's order (a's label, then b's), then execution order. Returns the
+    Divergence (its `prompt` is a's label) with b's label, or None when every paired row is identical."""
+    ta, tb = a.table(), b.table()
+    held_a: dict[int, set[int]] = {}
+    held_b: dict[int, set[int]] = {}
+    for held, table in ((held_a, ta), (held_b, tb)):
+        for prompt, position in table:
+            held.setdefault(prompt, set()).add(position)
+    keyed = sorted((((la, p), (lb, p)) for la, lb in pairs for p in held_a.get(la, set()) & held_b.get(lb, set())),
+                   key=lambda k: (k[0][1], k[0][0], k[1][0]))
+    found = _first_difference(a, b, ta, tb, keyed)
+    return None if found is None else (found[0], found[1][0])
+
+
+def _first_difference(a: ModuleTrace, b: ModuleTrace, ta, tb, keyed) -> tuple[Divergence, tuple[int, int]] | None:
+    """The first (key in a, key in b) of `keyed`, in its order, where a module's row differs (or ran in one
+    trace only): its Divergence and b's key."""
     order = list(a.order) + [n for n in b.order if n not in a.kinds]
-    for key in shared:
-        ra, rb = ta.get(key, {}), tb.get(key, {})
+    for key_a, key_b in keyed:
+        ra, rb = ta.get(key_a, {}), tb.get(key_b, {})
         for name in order:
             da, db = ra.get(name), rb.get(name)
             if da is None and db is None:
                 continue
             if da is None or db is None or da[0] != db[0]:
                 kind = a.kinds.get(name) or b.kinds.get(name, "other")
-                return Divergence(prompt=key[0], position=key[1], module=name, kind=kind,
-                                  call_a=da[1] if da else -1, call_b=db[1] if db else -1)
+                return Divergence(prompt=key_a[0], position=key_a[1], module=name, kind=kind,
+                                  call_a=da[1] if da else -1, call_b=db[1] if db else -1), key_b
     return None
 
 
@@ -392,5 +418,5 @@ def _check_trace(doc: Any) -> None:
         _ints(e, 3, "a logit digest")
 
 
-__all__ = ["ATTENTION_SUFFIXES", "TRACE_KEYS", "Call", "Divergence", "ModuleTrace", "first_divergence", "module_kind",
-           "read_trace_file", "row_digests"]
+__all__ = ["ATTENTION_SUFFIXES", "TRACE_KEYS", "Call", "Divergence", "ModuleTrace", "first_divergence",
+           "first_divergence_paired", "module_kind", "read_trace_file", "row_digests"]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from alibi.errors import InputError
+from alibi.governance.verified import read_verified
 from alibi.io.typed import TypedResult
 from alibi.sweep.compare import Comparison
 from alibi.sweep.depth_fits import DepthData
@@ -215,25 +216,16 @@ class RowsSweep(TypedResult):
 # --- reading ----------------------------------------------------------------------------------------
 
 def read_depth_sweep(path: str | Path) -> DepthSweep:
-    p = Path(path)
-    f = p / DEPTH_JSON if p.is_dir() else p
-    try:
-        text = f.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"{f}: cannot read it ({exc.__class__.__name__}); pass a folder written by "
-                         "'alibi sweep depth', its depth.json, or a CSV") from None
-    return DepthSweep.from_json(text, str(f))
+    """A depth-sweep folder (or its depth.json), once its manifest (kind `depth-sweep`) vouches for it
+    (`alibi.governance.verified`); InputError naming the file otherwise."""
+    return read_verified(path, DepthSweep, ("depth-sweep",), fix="pass the folder 'alibi sweep depth' wrote, "
+                         "as it wrote it, or its rows as a CSV")
 
 
 def read_rows_sweep(path: str | Path) -> RowsSweep:
-    p = Path(path)
-    f = p / ROWS_JSON if p.is_dir() else p
-    try:
-        text = f.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"{f}: cannot read it ({exc.__class__.__name__}); pass a folder written by "
-                         "'alibi sweep rows' or its rows.json") from None
-    return RowsSweep.from_json(text, str(f))
+    """A rows-sweep folder (or its rows.json), once its manifest (kind `rows-sweep`) vouches for it."""
+    return read_verified(path, RowsSweep, ("rows-sweep",), fix="pass the folder 'alibi sweep rows' wrote, as it "
+                         "wrote it")
 
 
 @dataclass(frozen=True)

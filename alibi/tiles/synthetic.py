@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.fp8_block import DEEPSEEK_V3, LAYOUT_KEY, quantize_fp8_blocks, quantize_fp8_groups
 from alibi.exact.quant import (
     quantize_fp8_rows,
     quantize_per_token,
@@ -44,7 +45,8 @@ class Preset:
       epilogue in any attribute (scale order, intermediate rounding, bias mode) shows;
     fmt: `int8`, or `fp8_e4m3`: the same operands quantized per token and per channel to e4m3
       (`alibi.exact.quant.quantize_fp8_rows`); fp8_scales `tensor`: one scale per operand instead (what
-      `cublaslt-fp8-tensorwise` takes).
+      `cublaslt-fp8-tensorwise` takes); `block`: block-scaled as DeepSeek-V3 / Qwen3-FP8 are, 1×128 activation
+      groups and 128×128 weight blocks (`alibi.exact.fp8_block`; format `fp8_e4m3_block`).
     """
 
     name: str
@@ -82,6 +84,19 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            description="one decoder block of Qwen3-1.7B (7 tiles) at M=512 in e4m3 (GPU-sized)"),
     Preset("smollm2-135m-fp8-tensor", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 32, fmt="fp8_e4m3", fp8_scales="tensor",
            description="as smollm2-135m-fp8 with one scale per operand (per-tensor)"),
+    Preset("smollm2-135m-fp8-block", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 16, fmt="fp8_e4m3", fp8_scales="block",
+           description="one decoder block of SmolLM2-135M (7 tiles), 16 tokens, block-scaled e4m3 (1x128 activation "
+                       "groups, 128x128 weight blocks; K = 576 ends in a half group, N = 192 in a half block)"),
+    Preset("smollm2-135m-fp8-block-decode", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 1, fmt="fp8_e4m3",
+           fp8_scales="block", description="as smollm2-135m-fp8-block at M = 1 (one decode token)"),
+    Preset("smollm2-135m-fp8-block-prefill", "SmolLM2-135M", SMOLLM2_135M_BLOCK, 1, 256, fmt="fp8_e4m3",
+           fp8_scales="block", description="as smollm2-135m-fp8-block at M = 256 (a prefill; GPU-sized)"),
+    Preset("qwen3-1.7b-fp8-block", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 1, 512, fmt="fp8_e4m3", fp8_scales="block",
+           description="one decoder block of Qwen3-1.7B (7 tiles) at M=512, block-scaled e4m3 as Qwen3-FP8 ships "
+                       "(GPU-sized)"),
+    Preset("tiny-fp8-block", "test", (("proj", 384, 48), ("ragged", 200, 136)), 1, 4, fmt="fp8_e4m3",
+           fp8_scales="block", description="two small block-scaled e4m3 tiles for tests (the second with a ragged "
+                                           "K = 200 and N = 136)"),
     Preset("tiny-fp8", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8, fmt="fp8_e4m3",
            description="two small e4m3 tiles for tests"),
     Preset("tiny", "test", (("proj", 64, 48), ("wide", 96, 80)), 1, 8,
@@ -140,7 +155,11 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
     for layer in range(p.layers):
         for kind, K, N in p.block:
             x, w = _operands(gen, rows, K, N)
-            if p.fmt == "fp8_e4m3" and p.fp8_scales == "tensor":
+            layout = {}
+            if p.fmt == "fp8_e4m3" and p.fp8_scales == "block":
+                (a_q, s_a), (w_q, s_w) = quantize_fp8_groups(x, DEEPSEEK_V3.block_k), quantize_fp8_blocks(w)
+                layout = {LAYOUT_KEY: DEEPSEEK_V3.text}
+            elif p.fmt == "fp8_e4m3" and p.fp8_scales == "tensor":
                 (a_q, s_a), (w_q, s_w) = quantize_fp8_rows(x.reshape(1, -1)), quantize_fp8_rows(w.reshape(1, -1))
                 a_q, w_q = a_q.reshape(rows, K), w_q.reshape(N, K)
             elif p.fmt == "fp8_e4m3":
@@ -150,7 +169,7 @@ def synthetic_tiles(preset: str, seed: int = 0, M: int | None = None) -> list[Ti
                 w_q, s_w = quantize_weight_per_channel(w, weight_scale_per_channel(w, torch.bfloat16))
             bias = (0.05 * torch.randn(N, generator=gen)).to(torch.bfloat16) if p.bias else None
             meta = {"source": f"synthetic:{preset}", "seed": str(seed), "model": p.model,
-                    "layer": str(layer), "kind": kind}
+                    "layer": str(layer), "kind": kind, **layout}
             tiles.append(Tile(f"layers.{layer}.{kind}", a_q, s_a, w_q, s_w, bias, torch.bfloat16, meta).validate())
     if p.probe:
         probe = PRESETS["epilogue-probe"]

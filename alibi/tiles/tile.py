@@ -10,6 +10,11 @@ A tile is one `.safetensors` file:
 | `s_w` | float32 | `[N]` (fp8: `[N]` or `[1]`) | per-channel weight scale |
 | `bias` (optional) | bfloat16, float16 or float32 | `[N]` | added in the epilogue |
 
+A block-scaled fp8 tile (`alibi.exact.fp8_block`) says so in its metadata, `scale_layout = block:1x<k>:<n>x<k>`
+(DeepSeek-V3's `block:1x128:128x128`): its scales are then `s_a` [M, ceil(K/k)] (one per row and k group) and `s_w`
+[ceil(N/n), ceil(K/k)] (the checkpoint's `weight_scale_inv`), both float32, its format is `fp8_e4m3_block`, and the
+scales enter the accumulation itself (`alibi.exact.fp8_block_mma`), not the epilogue.
+
 String metadata: `name` (the tile's name; default: the file stem), `out_dtype` (`bfloat16` or
 `float16`; default `bfloat16`), and any other keys, kept in `Tile.meta`. The product is
 `Y = out_dtype( float(a_q @ w_qᵀ) · s_a[:,None] · s_w[None,:] (+ bias) )`.
@@ -32,6 +37,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from alibi.errors import InputError, one_line, shown
+from alibi.exact.fp8_block import LAYOUT_KEY, BlockLayout
 from alibi.exact.numerics import FLOAT_DTYPES, dtype_name
 from alibi.io import atomic
 from alibi.io.digests import sha256_bytes
@@ -39,6 +45,7 @@ from alibi.io.limits import check_gemm_size
 from alibi.tiles.safetensors_header import read_header
 
 OPERAND_DTYPES = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}
+BLOCK_FORMAT = "fp8_e4m3_block"  # the format of a tile whose metadata names a block-scaled layout
 BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _KNOWN_TENSORS = {"a_q", "s_a", "w_q", "s_w", "bias"}
@@ -71,7 +78,12 @@ class Tile:
 
     @property
     def fmt(self) -> str:
-        return OPERAND_DTYPES[self.a_q.dtype]
+        return BLOCK_FORMAT if LAYOUT_KEY in self.meta else OPERAND_DTYPES[self.a_q.dtype]
+
+    @property
+    def block_layout(self) -> BlockLayout | None:
+        """The block-scaled layout its `scale_layout` metadata names (None for per-row and per-tensor scales)."""
+        return BlockLayout.parse(self.meta[LAYOUT_KEY]) if LAYOUT_KEY in self.meta else None
 
     def replace(self, **changes) -> Tile:
         return dataclasses.replace(self, **changes)
@@ -88,6 +100,8 @@ class Tile:
         def bad(problem: str) -> InputError:
             return InputError(f"{where}: {problem}")
 
+        if LAYOUT_KEY in self.meta:
+            return self._validate_block(bad)
         if self.a_q.dtype not in OPERAND_DTYPES:
             raise bad(f"a_q has dtype {dtype_name(self.a_q.dtype)}; expected int8 (or float8_e4m3fn)")
         if self.w_q.dtype != self.a_q.dtype:
@@ -103,17 +117,24 @@ class Tile:
             raise bad(f"empty operands (M={M}, K={K}, N={N})")
         per_tensor_ok = self.fmt != "int8"
         for label, scale, rows in (("s_a", self.s_a, M), ("s_w", self.s_w, N)):
-            if scale.dtype != torch.float32:
-                raise bad(f"{label} has dtype {dtype_name(scale.dtype)}; expected float32")
             allowed = [(rows,)] + ([(1,)] if per_tensor_ok else [])
-            if tuple(scale.shape) not in allowed:
-                want = " or ".join(str(list(s)) for s in allowed)
-                raise bad(f"{label} has shape {list(scale.shape)}; expected {want}")
-            if not bool(torch.isfinite(scale).all()):
-                raise bad(f"{label} contains non-finite values (inf or NaN); scales must be positive and finite")
-            if not bool((scale > 0).all()):
-                raise bad(f"{label} contains zero or negative values (min {scale.min().item()!r}); "
-                          "scales must be positive")
+            self._check_scale(bad, label, scale, allowed)
+        return self._validate_rest(bad, N)
+
+    @staticmethod
+    def _check_scale(bad, label: str, scale: torch.Tensor, allowed: list[tuple[int, ...]]) -> None:
+        if scale.dtype != torch.float32:
+            raise bad(f"{label} has dtype {dtype_name(scale.dtype)}; expected float32")
+        if tuple(scale.shape) not in allowed:
+            want = " or ".join(str(list(s)) for s in allowed)
+            raise bad(f"{label} has shape {list(scale.shape)}; expected {want}")
+        if not bool(torch.isfinite(scale).all()):
+            raise bad(f"{label} contains non-finite values (inf or NaN); scales must be positive and finite")
+        if not bool((scale > 0).all()):
+            raise bad(f"{label} contains zero or negative values (min {scale.min().item()!r}); "
+                      "scales must be positive")
+
+    def _validate_rest(self, bad, N: int) -> Tile:
         if self.bias is not None:
             if self.bias.dtype not in BIAS_DTYPES:
                 raise bad(f"bias has dtype {dtype_name(self.bias.dtype)}; expected bfloat16, float16 or float32")
@@ -122,6 +143,25 @@ class Tile:
         if self.out_dtype not in OUT_DTYPES.values():
             raise bad(f"out_dtype {dtype_name(self.out_dtype)} is not supported; use bfloat16 or float16")
         return self
+
+    def _validate_block(self, bad) -> Tile:
+        """A block-scaled tile: e4m3 operands, 2-D scales of the shapes its layout gives (module docstring)."""
+        try:
+            layout = BlockLayout.parse(self.meta[LAYOUT_KEY])
+        except InputError as exc:
+            raise bad(f"metadata {LAYOUT_KEY}: {exc}") from None
+        for label, t in (("a_q", self.a_q), ("w_q", self.w_q)):
+            if t.dtype != torch.float8_e4m3fn:
+                raise bad(f"{label} has dtype {dtype_name(t.dtype)}; a block-scaled tile ({layout.text}) holds "
+                          "float8_e4m3fn operands")
+        if self.a_q.dim() != 2 or self.w_q.dim() != 2 or self.a_q.shape[1] != self.w_q.shape[1]:
+            raise bad(f"a_q {list(self.a_q.shape)} and w_q {list(self.w_q.shape)} must be [M,K] and [N,K]")
+        (M, K), N = self.a_q.shape, self.w_q.shape[0]
+        if min(M, N, K) == 0:
+            raise bad(f"empty operands (M={M}, K={K}, N={N})")
+        self._check_scale(bad, "s_a", self.s_a, [layout.a_scale_shape(M, K)])
+        self._check_scale(bad, "s_w", self.s_w, [layout.w_scale_shape(N, K)])
+        return self._validate_rest(bad, N)
 
 
 _SAFETENSORS_DTYPE = {torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",

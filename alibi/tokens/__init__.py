@@ -7,7 +7,8 @@ Replay (each writes typed records under a manifest):
 - `teacher_forced`: one arm over pinned text, position by position;
 - `greedy`: greedy continuations of each arm and where they first differ;
 - `prefill_decode`: prefill versus decode within one arm, with first-divergence attribution;
-- `variations`: is a token's logit independent of batch, chunking, prefill vs decode, KV cache, restart;
+- `variations`: is a token's logit independent of batch (size, rows, neighbours), chunking, prefill vs decode, KV
+  cache, repetition and restart;
 - `locate`: the first module where two traced runs part (`alibi locate`).
 
 Flip statistics (`alibi analyze flips`, check 7's input):

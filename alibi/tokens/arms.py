@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from alibi.errors import InputError
-from alibi.governance.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from alibi.governance.manifest import sha256_file
+from alibi.governance.verified import verified_file
 from alibi.tokens import foreign
 from alibi.tokens.records import ArmRecords, RECORDS_FILE
 from alibi.tokens.steps import ALIBI_SHAPE, ArmSteps, Step
@@ -54,7 +55,7 @@ def read_arm(path: str | Path) -> ArmSteps:
         raise InputError(f"{p}: not valid JSON ({str(exc).splitlines()[0]}); the file is truncated or damaged: "
                          "re-run the arm that wrote it") from None
     if isinstance(doc, dict) and doc.get("schema") == ALIBI_SHAPE:
-        return _alibi_arm(str(path), p, p.parent, text)
+        return _alibi_arm(str(path), p, p.parent)
     if isinstance(doc, list):
         return foreign.read_list_shape(doc, str(path), p, sha256_file(p))
     if isinstance(doc, dict) and "manifest" in doc and "records" in doc:
@@ -64,11 +65,20 @@ def read_arm(path: str | Path) -> ArmSteps:
                      "`manifest` and `records`")
 
 
-def _alibi_arm(given: str, records_file: Path, folder: Path, text: str | None = None) -> ArmSteps:
+ARM_FIX = "pass the arm folder `alibi replay teacher-forced` wrote, as it wrote it (re-run a changed one)"
+
+
+def _alibi_arm(given: str, records_file: Path, folder: Path) -> ArmSteps:
+    """An alibi arm, read only once its manifest (kind `replay`) vouches for every file of its folder
+    (`alibi.governance.verified`): a records file edited after the arm ran is refused, not analysed."""
     if not records_file.is_file():
         raise InputError(f"{folder}: holds no {RECORDS_FILE}; pass an arm folder written by "
                          "`alibi replay teacher-forced`")
-    arm = ArmRecords.from_json(_read_text(records_file) if text is None else text, str(records_file))
+    verified = verified_file(records_file, (REPLAY_KIND,), fix=ARM_FIX)
+    text = verified.text()
+    if not text.strip():
+        raise InputError(f"{records_file}: the records file is empty; re-run the arm that should have written it")
+    arm = ArmRecords.from_json(text, str(records_file))
     if not arm.records:
         raise InputError(f"{records_file}: holds no scored position; re-run the arm with --positions ≥ 1")
     windows = set(arm.windows)
@@ -85,17 +95,9 @@ def _alibi_arm(given: str, records_file: Path, folder: Path, text: str | None = 
                              "the records file is damaged")
         steps.append(Step(prompt=r.window, position=r.position, top1_id=r.top1_id, margin=float(r.margin),
                           prompt_sha256=r.prompt_sha256, forced_id=r.forced_id, logits_sha256=r.logits_sha256))
-    manifest = folder / MANIFEST_NAME
-    if not manifest.is_file():
-        raise InputError(f"{folder}: holds no {MANIFEST_NAME} beside {records_file.name}; an alibi arm is the "
-                         "whole folder `alibi replay teacher-forced` wrote")
-    kind = read_manifest(manifest).kind
-    if kind != REPLAY_KIND:
-        raise InputError(f"{manifest}: is a {kind!r} manifest, not a {REPLAY_KIND!r} one; pass a folder written "
-                         "by `alibi replay teacher-forced`")
     return ArmSteps(path=given, shape=ALIBI_SHAPE, records_file=str(records_file),
-                    records_sha256=sha256_file(records_file), kernel=arm.kernel, steps=tuple(steps),
-                    manifest_path=str(manifest))
+                    records_sha256=verified.sha256, kernel=arm.kernel, steps=tuple(steps),
+                    manifest_path=str(verified.manifest.path))
 
 
 def _show_windows(windows: tuple[int, ...]) -> str:

@@ -43,6 +43,7 @@ from alibi.governance.manifest import (
     sha256_file,
     write_manifest,
 )
+from alibi.governance.verified import read_verified
 from alibi.io import atomic
 from alibi.io.limits import MAX_BOOTSTRAP, check_count
 from alibi.io.typed import TypedResult
@@ -173,15 +174,9 @@ class FlipAnalysis(TypedResult):
 
 
 def read_flips(path: str | os.PathLike) -> FlipAnalysis:
-    """Read a flips.json (or the analysis folder holding one); InputError naming the file if it is not one."""
-    p = Path(path)
-    f = p / FLIPS_FILE if p.is_dir() else p
-    try:
-        text = f.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"{f}: cannot read the flip analysis ({exc.__class__.__name__}); pass the flips.json "
-                         "written by `alibi analyze flips`") from None
-    return FlipAnalysis.from_json(text, str(f))
+    """Read a flips.json (or the analysis folder holding one) once its manifest (kind `flip-analysis`) vouches
+    for it (`alibi.governance.verified`); InputError naming the file if it is not one."""
+    return read_verified(path, FlipAnalysis, (KIND,))
 
 
 # identity ------------------------------------------------------------------------------------

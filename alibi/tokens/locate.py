@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from alibi.errors import InputError
+from alibi.errors import InputError, one_line
+from alibi.governance.verified import read_verified
 from alibi.io.typed import TypedResult
 
 SCHEMA = "alibi-locate/v1"
@@ -61,13 +62,31 @@ class LocateResult(TypedResult):
     schema: str = SCHEMA
 
 
+RUN_FIX = "locate two run folders as `alibi replay greedy --kernel K --out RUN` wrote them (re-run a changed one)"
+
+
+def read_located_run(folder: str | os.PathLike):
+    """A greedy run folder, once its manifest (kind `replay`) vouches for every file in it, and only of a schema
+    that has logit digests: a run without them would be compared on its tokens alone and could be called
+    identical while its logits differ (`alibi.governance.verified`)."""
+    # deferred: keeps torch out of start-up
+    from alibi.tokens.greedy import RUN_FILE, RUN_SCHEMA, GreedyRun
+
+    if not Path(folder).is_dir():
+        raise InputError(f"{one_line(str(folder))}: no such run folder; {RUN_FIX}")
+    # the folder's manifest verifies every file, the trace included, before run.json is parsed
+    return read_verified(Path(folder) / RUN_FILE, GreedyRun, ("replay",), schemas=(RUN_SCHEMA,),
+                         lacks="logit digests", fix=RUN_FIX)
+
+
 def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:
+    """Compare two greedy run folders (module docstring); each is verified first (`read_located_run`)."""
     # deferred: keeps torch out of start-up
     from alibi.model.trace import first_divergence
-    from alibi.tokens.greedy import TRACE_FILE, logit_row_agreement, read_run
+    from alibi.tokens.greedy import TRACE_FILE, logit_row_agreement
     from alibi.tokens.variations import load_execution
 
-    a, b = read_run(run_a), read_run(run_b)
+    a, b = read_located_run(run_a), read_located_run(run_b)
     if (a.prompt_tokens, a.new_tokens) != (b.prompt_tokens, b.new_tokens):
         raise InputError(f"{run_a} and {run_b}: runs of {a.prompt_tokens}+{a.new_tokens} and {b.prompt_tokens}+"
                          f"{b.new_tokens} tokens cannot be compared; locate two runs of one request")
@@ -90,7 +109,8 @@ def locate(run_a: str | os.PathLike, run_b: str | os.PathLike) -> LocateResult:
         keys = [k for k in set(ta.table()) & set(tb.table()) if k[0] in windows]
         found = first_divergence(ta, tb, keys)
         div = None if found is None else asdict(found)
-    identical = same == len(shared) and (rows is None or rows[0] == rows[1]) and div is None
+    # no logit digests to compare (a v2 run cannot lack them: `read_located_run`) is never identical
+    identical = same == len(shared) and rows is not None and rows[0] == rows[1] and div is None
     return LocateResult(run_a=str(run_a), run_b=str(run_b), kernel_a=a.kernel, kernel_b=b.kernel,
                         batch_size_a=a.batch_size, batch_size_b=b.batch_size, prompts_compared=len(shared),
                         identical_sequences=same, logit_rows_compared=None if rows is None else rows[1],

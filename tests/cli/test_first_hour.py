@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from interrupts import sigint_as_at_a_terminal
 
 from alibi.cli import COMMAND_MODULES, build_parser, main
 
@@ -75,7 +76,7 @@ def _interrupt_after(argv: list[str], marker: str, cwd: Path) -> tuple[int, str]
     """Start `alibi ARGV`, send SIGINT once stderr shows `marker`, return (exit code, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "alibi", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
     lines = []
     deadline = time.monotonic() + 300
     for line in proc.stderr:

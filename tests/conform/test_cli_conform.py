@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from alibi.cli import main
 from alibi.errors import InputError
+from alibi.governance.manifest import build_predicate, write_manifest
 from alibi.kernels.base import Kernel
 from alibi.kernels.registry import register
 from alibi.tiles.tile import save_tile
@@ -272,6 +273,19 @@ def test_check_7_is_inapplicable_without_a_replay(tmp_path):
     assert check["status"] == "inapplicable" and "--replay" in check["detail"] and "replay" not in report
 
 
+def test_a_replay_flips_json_changed_after_it_was_written_is_refused_before_check_7_reads_it(tmp_path, capsys):
+    """Issue 36 #1: check 7 judged on a flip analysis whose flip rate was edited down would pass; it is refused."""
+    flips = _flips_json(tmp_path)
+    doc = json.loads(flips.read_text())
+    doc["flip_rate"], doc["n_flips"] = 0.0, 0
+    flips.write_text(json.dumps(doc, indent=1) + "\n")
+    out = tmp_path / "r"
+    assert main(["conform", *EMU, "--synthetic", "tiny", "--replay", str(flips), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flips}: fails its manifest" in err[0]
+    assert not out.exists()
+
+
 def test_a_replay_of_another_kernel_pair_is_refused(tmp_path, capsys):
     flips = _flips_json(tmp_path, kernels=("torch-cpu", "emulator:a_then_w"))
     out = tmp_path / "r"
@@ -281,13 +295,20 @@ def test_a_replay_of_another_kernel_pair_is_refused(tmp_path, capsys):
     assert not out.exists()
 
 
-def _file(folder, name, text):
+def _file(folder, name, text, pinned=True):
+    """A replay file in a folder of its own, pinned by a `flip-analysis` manifest (as a damaged writer would
+    leave it: the reader's own checks must catch it) unless `pinned` is False."""
+    folder = folder / name.removesuffix(".json")
+    folder.mkdir()
     (folder / name).write_text(text)
+    if pinned:
+        write_manifest(folder, "flip-analysis", build_predicate())
     return folder / name
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda d: d / "missing.json", "cannot read the flip analysis"),
+    (lambda d: d / "missing.json", "no such flip analysis"),
+    (lambda d: _file(d, "loose.json", '{"schema": "alibi-flips/v1"}', pinned=False), "no manifest.json covers it"),
     (lambda d: _file(d, "empty.json", ""), "not valid JSON"),
     (lambda d: _file(d, "cut.json", '{"schema": "alibi-flips/v1", "n_pos'), "not valid JSON"),
     (lambda d: _file(d, "other.json", '{"schema": "alibi.conform/v1"}'), "expected 'alibi-flips/v1'"),

@@ -207,3 +207,58 @@ def test_resume_without_a_plan_and_a_bad_input_prints_only_the_error(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown synthetic preset" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+# --- issue 36 #1: digests chain to the plan the run started ----------------------------------------
+
+def _plant_ledger(units: Path, name: str, uid_file: str) -> None:
+    """A ledger under a shard's name, of this run's plan, recording the current bytes of `uid_file`."""
+    from alibi.conform.unit_store import LEDGER_SCHEMA
+    from alibi.io.digests import sha256_bytes
+
+    plan = sha256_bytes((units / "plan.json").read_bytes())
+    doc = {"schema": LEDGER_SCHEMA, "plan": plan,
+           "units": {uid_file.removesuffix(".json"): [sha256_bytes((units / uid_file).read_bytes())]}}
+    (units / name).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def test_a_planted_ledger_of_a_shard_the_run_never_started_does_not_vouch_for_a_unit(killed_run, capsys):
+    out, units = killed_run
+    _rewrite(units / UNIT, lambda d: d["unit"].update(max_abs_acc=d["unit"]["max_abs_acc"] + 1))
+    _plant_ledger(units, "ledger.shard-3.json", UNIT)  # the edited unit's digest, under this run's plan
+    _refused(capsys, [*_argv(out), "--resume"], out, UNIT, "not in the run's ledger")
+
+
+def _sharded_units(tmp_path: Path) -> tuple[Path, object, object, list[str]]:
+    """A units folder started as `run_sharded` starts it, tile 0 assigned to shard 0 and tile 1 to shard 1."""
+    from alibi.conform.pipeline import choose_pair, source_from_preset, start_units, unit_id
+    from alibi.conform.unit_store import UnitStore
+
+    units = tmp_path / "units"
+    pair, source = choose_pair("emulator:w_then_a", "emulator:a_then_w"), source_from_preset("tiny", seed=0)
+    start_units(units, pair, source, ["real"], invariance=False)
+    uids = [unit_id(i, t.name, "real") for i, t in enumerate(source.tiles)]
+    UnitStore(units).assign({0: [uids[0]], 1: [uids[1]]})
+    return units, pair, source, uids
+
+
+@pytest.mark.parametrize(("shard", "trusted"), [(1, True), (0, False), (5, False)])
+def test_a_shard_ledger_vouches_only_for_the_units_the_run_assigned_to_that_shard(tmp_path, shard, trusted):
+    """Tile 1's units computed under shard `shard`'s ledger: trusted when the run assigned tile 1 to that
+    shard (1), refused when it assigned it to another (0) or started no such shard (5)."""
+    from alibi.conform.pipeline import compute_units, run_conformance
+    from alibi.errors import InputError
+
+    units, pair, source, uids = _sharded_units(tmp_path)
+    compute_units(pair, source, ["real"], units, [0], invariance=False, shard=0)
+    compute_units(pair, source, ["real"], units, [1], invariance=False, shard=shard)
+
+    def resume():
+        return run_conformance(pair, source, ["real"], units_dir=units, resume=True, invariance=False,
+                               created_at=None, computed_elsewhere=2)
+
+    if trusted:
+        assert [u.tile for u in resume().tiles] == [t.name for t in source.tiles]
+    else:
+        with pytest.raises(InputError, match=f"{uids[1]}.json: its digest is not in the run's ledger"):
+            resume()

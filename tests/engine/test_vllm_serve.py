@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import sigint_as_at_a_terminal
 from vllm_cpu_choice import vllms_own_kernel
 
 pytestmark = [
@@ -60,7 +61,7 @@ def serve_and_ask(model: Path, log_path: Path, capture_dir: Path | None) -> list
             "--served-model-name", "smollm2", "--seed", "0"]
     with open(log_path, "w") as log:
         server = subprocess.Popen(argv, env=env, cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=sigint_as_at_a_terminal)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120)
         deadline = time.monotonic() + START_TIMEOUT_S

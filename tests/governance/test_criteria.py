@@ -12,6 +12,7 @@ from alibi.cli import main
 from alibi.errors import InputError
 from alibi.experiment import load_experiment, run_experiment
 from alibi.governance import prereg
+from alibi.governance.manifest import build_predicate, write_manifest
 from alibi.governance.criteria import (
     Criterion,
     Evaluation,
@@ -143,11 +144,18 @@ def test_alibi_run_refuses_a_locked_protocol_without_criteria_before_measuring(t
     assert not (tmp_path / "out").exists()
 
 
+def _result(folder: Path, name: str, doc: dict, kind: str = "report") -> Path:
+    """A result file as an alibi command leaves it: in its folder, under that folder's manifest."""
+    folder.mkdir(parents=True)
+    (folder / name).write_text(json.dumps(doc, indent=1) + "\n")
+    write_manifest(folder, kind, build_predicate())
+    return folder / name
+
+
 def test_prereg_evaluate_exits_1_when_a_criterion_fails_and_writes_the_evaluation(tmp_path, capsys):
     folder = _locked_protocol(tmp_path, [{"id": "no-flips", "prediction": "p", "source": "pow2",
                                           "metric": "n_flips", "op": "==", "value": 0}])
-    result = tmp_path / "flips.json"
-    result.write_text(json.dumps({"n_flips": 2}))
+    result = _result(tmp_path / "flips", "flips.json", {"schema": "alibi-test-result/v1", "n_flips": 2})
     out = tmp_path / "criteria.json"
     assert main(["prereg", "evaluate", str(folder), "--result", f"pow2={result}", "--out", str(out)]) == 1
     assert Evaluation.from_json(out.read_text()).outcomes[0].observed == 2

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import alibi
+from hostile import main_one_line
 from alibi.cli import main
 from alibi.conform.results import Report
-from alibi.governance.manifest import verify_files
+from alibi.governance.manifest import build_predicate, verify_files, write_manifest
 from alibi.html import render_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,12 +67,13 @@ def test_an_out_inside_a_pinned_folder_is_refused_in_one_line_and_nothing_is_wri
     assert sorted(p.name for p in run.iterdir()) == before and verify_files(run) == []
 
 
-def test_a_folder_no_manifest_covers_gets_report_html_beside_its_json(fired_run, tmp_path):
+def test_a_folder_no_manifest_covers_is_refused_naming_its_json_and_nothing_is_written(fired_run, tmp_path, capsys):
     plain = tmp_path / "plain" / "report"
     plain.mkdir(parents=True)
     shutil.copy(fired_run / "report.json", plain / "report.json")
-    assert main(["report", "html", str(tmp_path / "plain")]) == 0  # a run folder: report/report.json
-    assert (plain / "report.html").read_bytes() == (fired_run / "report.html").read_bytes()
+    main_one_line(capsys, ["report", "html", str(tmp_path / "plain")], str(plain / "report.json"),
+                  "no manifest.json covers it")
+    assert sorted(p.name for p in plain.iterdir()) == ["report.json"] and not (tmp_path / "plain.report.html").exists()
 
 
 def test_a_folder_without_a_result_is_refused_naming_what_was_looked_for(tmp_path, capsys):
@@ -88,8 +90,9 @@ def test_a_report_of_another_schema_is_refused_and_nothing_is_written(fired_run,
     doc = json.loads((fired_run / "report.json").read_text(encoding="utf-8"))
     assert doc["schema"] in (Report.SCHEMA, *Report.READS)  # a schema the page reads: only the change below refuses
     (folder / "report.json").write_text(json.dumps({**doc, "schema": "alibi.conform/v0"}), encoding="utf-8")
+    write_manifest(folder, "report", build_predicate())  # its manifest vouches for it: only the schema is wrong
     assert main(["report", "html", str(folder)]) == 2
-    assert "alibi.conform/v0" in capsys.readouterr().err and not (folder / "report.html").exists()
+    assert "alibi.conform/v0" in capsys.readouterr().err and not (tmp_path / "odd.report.html").exists()
 
 
 def test_the_committed_h200_default_run_renders_beside_its_pinned_folder(tmp_path):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from alibi import __version__
-from alibi.html import render_folder
+from alibi.conform.results import Report
+from alibi.html import conform_html
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = "analysis/results/"
@@ -67,9 +67,9 @@ def test_the_pages_cover_every_committed_conform_report_of_both_schemas():
 
 
 @pytest.mark.parametrize("report", sorted(PAGES))
-def test_a_committed_report_renders_to_the_same_bytes_as_before(report, tmp_path):
-    shutil.copy(REPO / RESULTS / report, tmp_path / "report.json")  # the folder holds nothing else to render
-    page, text = digests(render_folder(tmp_path).html)
+def test_a_committed_report_renders_to_the_same_bytes_as_before(report):
+    # The page of the report alone (three of these folders have no manifest, so `alibi report html` refuses them).
+    page, text = digests(conform_html(Report.from_json((REPO / RESULTS / report).read_bytes(), report)))
     want_page, want_text = PAGES[report]
     assert text == want_text, "the page's text changed"
     assert page == want_page, "the text is the same but a figure's PNG bytes changed"

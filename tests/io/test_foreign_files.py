@@ -182,9 +182,11 @@ def test_report_html_refuses_to_overwrite_a_file_it_did_not_render(tmp_path, cap
     main_one_line(capsys, ["report", "html", str(out), "--out", str(notes)], "notes.html: exists and is not a page "
                   "alibi rendered")
     assert notes.read_text() == "<p>my notes</p>"
-    loose = tmp_path / "loose"  # a copy of the report no manifest pins: its page goes beside report.json
+    loose = tmp_path / "loose"  # a folder no manifest pins, holding the user's own report.html
     loose.mkdir()
     (loose / "report.json").write_bytes((out / "report.json").read_bytes())
     (loose / "report.html").write_text("<p>mine</p>")
-    main_one_line(capsys, ["report", "html", str(loose)], "report.html: exists and is not a page alibi rendered")
+    # (rendering `loose` itself is refused before any write since issue 36 #1: no manifest vouches for it)
+    main_one_line(capsys, ["report", "html", str(out), "--out", str(loose / "report.html")],
+                  "report.html: exists and is not a page alibi rendered")
     assert (loose / "report.html").read_text() == "<p>mine</p>"

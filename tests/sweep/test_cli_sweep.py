@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,6 +145,18 @@ def test_analyze_depth_refuses_a_malformed_csv_with_one_line(capsys, tmp_path):
 def test_analyze_depth_refuses_an_output_inside_its_input_and_a_missing_input(capsys, sweeps, tmp_path):
     _refused(capsys, ["analyze", "depth", str(sweeps / "int8")], "--out overlaps SWEEP", sweeps / "int8" / "fits")
     _refused(capsys, ["analyze", "depth", str(tmp_path / "nope.csv")], "no such file or folder", tmp_path / "f")
+
+
+@pytest.mark.parametrize(("name", "option"), [("int8", None), ("rows", "--rows")])
+def test_analyze_depth_refuses_a_sweep_changed_after_it_was_written(capsys, sweeps, tmp_path, name, option):
+    """Issue 36 #1: a sweep whose JSON fails its manifest is refused by name; the untouched one is read."""
+    copy = Path(shutil.copytree(sweeps / name, tmp_path / name))
+    argv = ["analyze", "depth", *([str(sweeps / "paper.csv"), option, str(copy)] if option else [str(copy)]),
+            "--bootstrap", "20", "--quiet", "--out"]
+    assert main([*argv, str(tmp_path / "untouched")]) == 0
+    data = copy / f"{'depth' if name == 'int8' else 'rows'}.json"
+    data.write_bytes(data.read_bytes() + b" ")  # one byte more, the document unchanged: the manifest still tells
+    _refused(capsys, [*argv[:-1]], f"{data}: fails its manifest", tmp_path / "fits")
 
 
 def test_analyze_depth_of_all_zero_data_writes_a_status_not_nan(tmp_path):

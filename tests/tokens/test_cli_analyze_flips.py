@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from alibi.cli import main
+from alibi.governance.manifest import read_manifest, write_manifest
 
 from .builders import (
     KERNEL_A,
@@ -90,8 +91,13 @@ def test_allow_unverified_proceeds_and_embeds_the_identity_record(tmp_path, caps
     assert any("inputs.checkpoint" in p for p in identity["record"]["problems"])
 
 
-def _replace_records(arm: Path, text: str) -> None:
+def _replace_records(arm: Path, text: str, *, pinned: bool = True) -> None:
+    """Replace an arm's records; `pinned`: as a damaged writer would leave them, its manifest pinning the damaged
+    bytes (so the reader's own checks must catch it), else edited afterwards (its manifest refuses it first)."""
     (arm / "records.json").write_text(text)
+    if pinned:
+        m = read_manifest(arm)
+        write_manifest(arm, m.kind, m.predicate)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -102,10 +108,12 @@ def _replace_records(arm: Path, text: str) -> None:
     (lambda text: text.replace('"window": 1', '"window": 9', 1), "window index 9 is out of range"),
     (lambda text: text.replace('"margin": 2.0', '"margin": -2.0', 1), "margin -2.0 is negative"),
 ])
-def test_a_damaged_records_file_gives_one_line_exit_2_and_writes_nothing(tmp_path, capsys, damage, message):
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_damaged_records_file_gives_one_line_exit_2_and_writes_nothing(tmp_path, capsys, damage, message, pinned):
     a, b = write_pair(tmp_path, MARGINS, FLIPS)
     original = (b / "records.json").read_text()
-    _replace_records(b, damage(original))
+    _replace_records(b, damage(original), pinned=pinned)
+    message = message if pinned else "fails its manifest"  # issue 36 #1: a changed arm is refused before it is read
     before = {p.name: p.read_bytes() for p in b.iterdir()}
     code, err = _run(capsys, a, b, "--out", tmp_path / "out")
     assert code == 2 and len(err) == 1 and err[0].startswith("alibi: error: ")
@@ -151,7 +159,7 @@ def test_a_missing_arm_or_an_arm_folder_without_a_manifest_exits_2(tmp_path, cap
     assert code == 2 and "no such arm folder or records file" in err[0]
     (b / "manifest.json").unlink()
     code, err = _run(capsys, a, b, "--out", tmp_path / "out")
-    assert code == 2 and "holds no manifest.json" in err[0]
+    assert code == 2 and f"{b / 'records.json'}: no manifest.json covers it" in err[0]
 
 
 def test_the_console_script_exits_1_on_an_identity_violation(tmp_path):

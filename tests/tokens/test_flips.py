@@ -155,13 +155,17 @@ def test_a_different_checkpoint_breaks_the_identity_contract_naming_the_field(tm
     assert "UNVERIFIED" in (tmp_path / "out" / "flips.md").read_text()
 
 
-def test_an_edited_records_file_breaks_the_identity_contract(tmp_path):
+@pytest.mark.parametrize("allow_unverified", [False, True])
+def test_an_edited_records_file_is_refused_before_it_is_read_even_with_allow_unverified(tmp_path, allow_unverified):
+    """Issue 36 #1: an arm whose records fail its manifest is not an identity question (which
+    --allow-unverified may waive) but a changed result: refused, naming the file, nothing written."""
     margins, flips = _margins(2, 10)
     a, b = write_pair(tmp_path, margins, flips)
     records = b / "records.json"
     records.write_text(records.read_text().replace('"top1_id": 7', '"top1_id": 8', 1))
-    with pytest.raises(IdentityViolation, match="file records.json: sha256 is"):
-        analyze_flips(a, b, tmp_path / "out", bootstrap=20)
+    with pytest.raises(InputError, match=f"^{records}: fails its manifest .*file records.json: sha256 is"):
+        analyze_flips(a, b, tmp_path / "out", bootstrap=20, allow_unverified=allow_unverified)
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_output_folder_inside_or_around_an_arm_is_refused(tmp_path):

@@ -92,16 +92,22 @@ def _ids(n: int = 4, length: int = 20) -> torch.Tensor:
 
 
 @needs_model_extra
-def test_the_deterministic_runner_passes_every_variation_on_the_tiny_llama(tiny):
+def test_the_deterministic_runner_passes_every_default_variation_on_the_tiny_llama(tiny):
+    """The default protocol on the CPU for 4 prompts: batches of 2, 4 and 6 (prompt 0 at rows 0, 2, 5), the
+    batch of 6 three times; every row of a batch compared with its prompt alone."""
     from alibi.model.runner import load_model
     from alibi.tokens.variations import certify_variations
 
     lm = load_model(tiny / "w8a8", KERNEL)
     assert lm.execution.deterministic and lm.execution.attention == "alibi_invariant:tree"
-    results = certify_variations(lm, _ids(), (0, 1, 2, 3), 12, (2, 4), 5)
-    assert [r.name for r in results] == ["batch-size-2", "batch-size-4", "batch-composition", "chunked-prefill",
-                                         "prefill-vs-decode", "kv-cache-vs-recompute"]
-    assert all(r.holds and r.positions_identical == r.positions_compared == 4 * 8 for r in results)
+    results = {r.name: r for r in certify_variations(lm, _ids(), (0, 1, 2, 3), 12, chunk=5)}
+    assert list(results) == ["repeat", "batch-size-2", "batch-size-4", "batch-size-6", "batch-composition",
+                             "chunked-prefill", "prefill-vs-decode", "kv-cache-vs-recompute"]
+    assert all(r.holds and r.positions_identical == r.positions_compared for r in results.values())
+    rows = {name: r.positions_compared // 8 for name, r in results.items()}  # 8 scored positions a row
+    assert rows == {"repeat": 2 * 6, "batch-size-2": 4, "batch-size-4": 4, "batch-size-6": 6, "batch-composition": 6,
+                    "chunked-prefill": 4, "prefill-vs-decode": 4, "kv-cache-vs-recompute": 4}
+    assert results["batch-size-6"].needle_rows == (0, 2, 5) and results["repeat"].runs == 2
 
 
 @needs_model_extra
@@ -232,12 +238,16 @@ def test_runs_in_different_execution_modes_break_the_identity_contract(tiny, tmp
         require_identity(tmp_path / "True", tmp_path / "False", ("none",))
 
 
-def test_a_variations_request_with_a_batch_larger_than_the_windows_is_refused_before_any_model_loads(tmp_path):
+@pytest.mark.parametrize("option, value", [("--batch-sizes", "2,100000"), ("--repeats", "1000000")])
+def test_an_absurd_batch_or_repeat_count_is_refused_before_any_model_loads(tmp_path, capsys, option, value):
+    """A batch may exceed the windows (its rows are filled by repeating them), so only a limit bounds it."""
     from alibi.cli import main
 
     code = main(["variations", "--model", str(tmp_path / "no-model"), "--prompts", "experiments/prompts/wikipedia-8x512",
-                 "--windows", "2", "--batch-sizes", "4", "--out", str(tmp_path / "v")])
-    assert code == 2 and not (tmp_path / "v").exists()
+                 "--windows", "2", option, value, "--out", str(tmp_path / "v")])
+    err = capsys.readouterr().err
+    assert code == 2 and option in err and "over the limit" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "v").exists()
 
 
 @needs_model_extra
@@ -263,7 +273,8 @@ def test_variations_overwrite_refuses_a_folder_holding_a_file_the_user_added(tin
 
 @pytest.mark.gpu
 @needs_model_extra
-def test_the_deterministic_runner_passes_every_variation_on_cuda_with_the_triton_kernel(tiny):
+def test_the_deterministic_runner_passes_every_default_variation_on_cuda_with_the_triton_kernel(tiny):
+    """The default protocol on CUDA: batches of 2, 4 and 64 (prompt 0 at rows 0, 31, 63), the 64 three times."""
     from alibi.model.runner import load_model
     from alibi.tokens.variations import certify_variations
 
@@ -271,5 +282,7 @@ def test_the_deterministic_runner_passes_every_variation_on_cuda_with_the_triton
         pytest.skip("needs CUDA")
     lm = load_model(tiny / "w8a8", "triton", "cuda")
     assert lm.execution.cublas_workspace is not None and lm.execution.attention == "alibi_invariant:triton-rows"
-    results = certify_variations(lm, _ids(), (0, 1, 2, 3), 12, (2, 4), 5)
+    results = certify_variations(lm, _ids(), (0, 1, 2, 3), 12, chunk=5)
     assert all(r.holds for r in results), [(r.name, r.first_divergence) for r in results if not r.holds]
+    large = next(r for r in results if r.name == "batch-size-64")
+    assert large.needle_rows == (0, 31, 63) and large.positions_compared == 64 * 8

@@ -8,7 +8,7 @@ from the report they just computed.
 To add a result type (a replay's `flips.json`, a sweep's `fits.json`, a mutant matrix's
 `detection.json`): write `alibi/html/sections/<name>.py` with
 
-    SECTION = Section(key="flips", files=("flips.json",), render=render_flips)
+    SECTION = Section(key="flips", files=("flips.json",), kinds=("flip-analysis",), render=render_flips)
 
 where `render_flips(text, where)` reads the text through the result's own `from_json` (never by
 dict keys), draws its figures with `alibi.html.figures` and returns a `RenderedSection` from its
@@ -40,13 +40,16 @@ class Section:
     """How one result type appears in a report.
 
     key: a short identifier (the page anchor); files: where the result's JSON lies in a result
-    folder, relative paths tried in order (the first that exists is used); render: (JSON text,
+    folder, relative paths tried in order (the first that exists is used); kinds: the manifest kinds
+    of the commands that write it (`alibi report html` reads the file only once a manifest of one of
+    these kinds vouches for it, `alibi.governance.verified`); render: (JSON text,
     a name for the file in error messages) → the rendered section, raising InputError for a
     document it cannot read.
     """
 
     key: str
     files: tuple[str, ...]
+    kinds: tuple[str, ...]
     render: Callable[[str, str], RenderedSection]
 
     def find(self, folder: Path) -> Path | None:

@@ -241,7 +241,8 @@ def render_text(text: str, where: str) -> RenderedSection:
     return render_report(Report.from_json(text, where))
 
 
-SECTION = Section(key="conform", files=REPORT_FILES, render=render_text)
+SECTION = Section(key="conform", files=REPORT_FILES, kinds=("report", "experiment-run"),  # conform, run
+                  render=render_text)
 
 __all__ = ["REPORT_FILES", "SECTION", "TileRow", "near_zero", "over_threshold", "render_report",
            "render_text", "sorted_rows", "tile_rows", "ulp_counts", "unit_counts", "why"]

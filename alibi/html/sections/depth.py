@@ -109,6 +109,6 @@ def render_text(text: str, where: str) -> RenderedSection:
     return RenderedSection("depth", title, body)
 
 
-SECTION = Section(key="depth", files=FITS_FILES, render=render_text)
+SECTION = Section(key="depth", files=FITS_FILES, kinds=("depth-fits",), render=render_text)
 
 __all__ = ["FITS_FILES", "SECTION", "ModelRow", "depth_series", "model_rows", "render_text"]

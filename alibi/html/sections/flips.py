@@ -143,6 +143,6 @@ def render_text(text: str, where: str) -> RenderedSection:
     return RenderedSection("flips", title, body)
 
 
-SECTION = Section(key="flips", files=FLIPS_FILES, render=render_text)
+SECTION = Section(key="flips", files=FLIPS_FILES, kinds=("flip-analysis",), render=render_text)
 
 __all__ = ["FLIPS_FILES", "SECTION", "Statistic", "decile_roc", "render_text", "statistics"]

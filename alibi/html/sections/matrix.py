@@ -36,6 +36,6 @@ def render_text(text: str, where: str) -> RenderedSection:
     return RenderedSection("matrix", title, body)
 
 
-SECTION = Section(key="matrix", files=MATRIX_JSON, render=render_text)
+SECTION = Section(key="matrix", files=MATRIX_JSON, kinds=("matrix",), render=render_text)
 
 __all__ = ["MATRIX_JSON", "SECTION", "render_text"]

@@ -39,6 +39,6 @@ def render_text(text: str, where: str) -> RenderedSection:
     return RenderedSection("mutants", title, body)
 
 
-SECTION = Section(key="mutants", files=DETECTION_FILES, render=render_text)
+SECTION = Section(key="mutants", files=DETECTION_FILES, kinds=("mutants",), render=render_text)
 
 __all__ = ["DETECTION_FILES", "SECTION", "render_text"]

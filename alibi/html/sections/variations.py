@@ -18,6 +18,6 @@ def render_text(text: str, where: str) -> RenderedSection:
     return RenderedSection("variations", title, render_fragment("variations.html.j2", r=r, title=title))
 
 
-SECTION = Section(key="variations", files=VARIATION_FILES, render=render_text)
+SECTION = Section(key="variations", files=VARIATION_FILES, kinds=("replay",), render=render_text)
 
 __all__ = ["SECTION", "VARIATION_FILES", "render_text"]

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 35 on the GPU machine, from committed code (gpu_payload/src.tar.gz, analysis/h200/pack_source.sh):
+#   measure   analysis/h200/fp8_block_measure.py: every block kernel's schedule read by probe at SmolLM2 and
+#             DeepSeek-like shapes (identify.json; `alibi identify` per kernel in identify-<kernel>.txt), recorded
+#             block tiles and outputs for the CPU tests (recorded-block.safetensors)
+#   matrix    alibi matrix over the available block kernels and the block emulators: SmolLM2 at M = 1 (every kernel,
+#             FBGEMM's included) and M = 16 (all but FBGEMM, which takes one activation scale per 256 rows)
+#   mutants   alibi mutants --base vllm-cutlass-fp8-block (the block faults) on SmolLM2 at M = 64
+#   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py (each available block kernel equals the emulator
+#             under its declared schedule on random tiles, bit for bit)
+# Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
+#   the op library, triton_scaled_mm.py, fp8_utils.py, fp8_block_configs.tar.xz; about 56 MB in all). Nothing is built.
+# Usage: BLOCK_PARTS="measure matrix mutants gputests" bash analysis/h200/fp8_block.sh   (results: $OUT/fp8_block.tgz,
+#   $OUT/summary.txt). BUDGET_S (default 540) bounds the whole; BLOCK_SHAPES (MxNxK,...) overrides the measure shapes.
+# Expected: about 4 minutes on an H100 (identify ~2 min for five kernels, matrix ~40 s, mutants ~30 s, tests ~40 s).
+set -u -o pipefail
+: "${OUT:?set OUT}"
+REPO=$PWD
+T0=$(date +%s)
+PARTS=" ${BLOCK_PARTS:-measure matrix mutants gputests} "
+want() { case "$PARTS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+left() { echo $(( ${BUDGET_S:-540} - ($(date +%s) - T0) )); }
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
+S=/tmp/src; rm -rf "$S"; mkdir -p "$S"
+if [ -f gpu_payload/src.tar.gz ]; then tar -xzf gpu_payload/src.tar.gz -C "$S"; else git archive HEAD | tar -x -C "$S"; git rev-parse HEAD > "$S/SOURCE_COMMIT"; fi
+cd "$S" || exit 1
+export PYTHONPATH=$S:/tmp/site PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=1764633600
+export TRITON_CACHE_DIR=/tmp/triton-cache TORCHAO_AUTOTUNER_DATA_PATH=/tmp/torchao-autotune.pkl
+# FBGEMM's Triton files
+if [ -f "$REPO/gpu_payload/fbg/fbgemm_triton_gemm-1.6.0.tar.xz" ]; then
+  mkdir -p /tmp/fbg && tar -C /tmp/fbg -xJf "$REPO/gpu_payload/fbg/fbgemm_triton_gemm-1.6.0.tar.xz" && export ALIBI_FBGEMM_ROOT=/tmp/fbg
+fi
+# TorchAO (pure Python for this path; its compiled parts are skipped)
+for whl in "$REPO"/gpu_payload/ecosystem/torchao-0.18.0-*.whl; do
+  [ -f "$whl" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl"
+done
+# vLLM: the op library and triton_scaled_mm.py (vllm.sh --unpack, digests checked), fp8_utils.py and its configs
+if [ -d "$REPO/gpu_payload/vllm" ]; then
+  (cd "$REPO" && bash analysis/h200/vllm.sh --unpack) 2>&1 | tail -n 2
+  V=/tmp/alibi-vllm P=$REPO/gpu_payload/vllm
+  [ -f "$V/_C_stable_libtorch.abi3.so" ] && export ALIBI_VLLM_OPS=$V/_C_stable_libtorch.abi3.so
+  if [ -f "$P/fp8_utils.py" ]; then
+    cp "$P/fp8_utils.py" "$V/" && rm -rf "$V/configs" && tar -C "$V" -xJf "$P/fp8_block_configs.tar.xz"
+    if (cd "$P" && grep -E ' (fp8_utils.py|fp8_block_configs.tar.xz)$' SHA256SUMS | sha256sum -c --quiet -) \
+        && [ "$(sha256sum "$V/fp8_utils.py" | cut -d' ' -f1)" = "$(grep ' fp8_utils.py$' "$P/SHA256SUMS" | cut -d' ' -f1)" ]; then
+      export ALIBI_VLLM_FP8_UTILS=$V/fp8_utils.py
+    else
+      echo "fp8_block.sh: fp8_utils.py or its configs do not match $P/SHA256SUMS: vllm-triton-fp8-block left out"
+    fi
+  fi
+fi
+R=$OUT/fp8_block; mkdir -p "$R"
+cp SOURCE_COMMIT "$R/"
+stamp "source: commit $(cat SOURCE_COMMIT); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+python -m alibi kernels > "$R/kernels.txt" 2>&1
+grep -E -- "-block " "$R/kernels.txt" | cut -c1-200 >> "$OUT/summary.txt"
+BLOCK_KERNELS=cublaslt-fp8-block,vllm-triton-fp8-block,vllm-cutlass-fp8-block,fbgemm-fp8-block,torchao-fp8-block
+if want measure; then
+  timeout $(( $(left) - 200 )) python analysis/h200/fp8_block_measure.py "$R/measure" --shapes "${BLOCK_SHAPES:-}" \
+    > "$R/measure.log" 2>&1; stamp "measure: rc $?"
+  grep -E "^identify|^kernel|^record" "$R/measure.log" | cut -c1-300 >> "$OUT/summary.txt"
+  # the CLI's own verdict (exit 1 unless the declaration matches) on two shapes per kernel
+  for k in ${BLOCK_KERNELS//,/ }; do
+    [ "$(left)" -gt 180 ] || break
+    timeout 60 python -m alibi identify "$k" --shape 1x576x1536 --shape 256x1536x576 > "$R/identify-$k.txt" 2>&1
+    stamp "identify $k: rc $?"
+  done
+fi
+if want matrix; then
+  E="emulator-fp8-block:block128:fma(sa*sw,p,acc):add_after_cast,emulator-fp8-block:block128:acc+(p*sa)*sw:add_after_cast"
+  E="$E,emulator-fp8-block:block128:fma(p*sa,sw,acc):add_after_cast,emulator-fp8-block:block128:rescale:add_after_cast"
+  timeout $(( $(left) - 120 )) python -m alibi matrix --available-only --kernels "$BLOCK_KERNELS,$E" \
+    --synthetic smollm2-135m-fp8-block-decode --out "$R/matrix-m1" --quiet > "$R/matrix-m1.txt" 2>&1
+  stamp "matrix M=1: rc $?"; head -n 30 "$R/matrix-m1.txt" >> "$OUT/summary.txt"
+  timeout $(( $(left) - 90 )) python -m alibi matrix --available-only --kernels "${BLOCK_KERNELS/,fbgemm-fp8-block/},$E" \
+    --synthetic smollm2-135m-fp8-block --out "$R/matrix-m16" --quiet > "$R/matrix-m16.txt" 2>&1
+  stamp "matrix M=16: rc $?"; head -n 30 "$R/matrix-m16.txt" >> "$OUT/summary.txt"
+fi
+if want mutants; then
+  timeout $(( $(left) - 60 )) python -m alibi mutants --base vllm-cutlass-fp8-block --synthetic smollm2-135m-fp8-block \
+    --rows 64 --severity one,all --scales real --out "$R/mutants-block" > "$R/mutants-block.txt" 2>&1
+  stamp "mutants block: rc $?"; tail -n 20 "$R/mutants-block.txt" >> "$OUT/summary.txt"
+fi
+if want gputests; then
+  timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_fp8_block_kernels.py \
+    > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
+  tail -n 8 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
+fi
+tar -C "$OUT" -czf "$OUT/fp8_block.tgz" fp8_block && rm -rf "$R"
+stamp "done"
