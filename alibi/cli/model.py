@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "writes them); not for fp8-block, whose scales are float32")
     prep.add_argument("--quiet", action="store_true", help="no progress lines")
     prep.set_defaults(func=prepare)
-    info = ms.add_parser("info", help="describe a checkpoint folder (dense or W8A8) and check its manifest")
+    info = ms.add_parser("info", help="describe a checkpoint folder (dense, W8A8 or fp8-block) and check its manifest")
     info.add_argument("folder", type=Path)
     info.set_defaults(func=describe)
 

@@ -270,6 +270,20 @@ class Plan:
     build: Callable[[], Kernel]
 
 
+def _schedule_plans(family: str, table: Mapping[str, Any], mutant: Callable[..., Kernel], base: Kernel,
+                    faults: Iterable[str] | None, levels: list[Severity], native: bool) -> list[Plan]:
+    """The rows of the schedule faults of `table` (`family`: "fp8" or "block", as errors name them), each built as
+    `mutant(fault, severity, base)`: the requested faults (every one when None), at every level but null's `all`."""
+    names = list(dict.fromkeys(faults)) if faults is not None else list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise InputError(f"unknown {family} fault {unknown[0]!r}; {family} faults: {', '.join(table)}")
+    if native:
+        raise InputError("--native: native fault variants live inside the int8 'triton' kernel")
+    return [Plan(name, level.label, "wrapper", lambda f=table[name], level=level: mutant(f, level, base))
+            for name in names for level in (levels if name != "null" else [ALL])]
+
+
 def plan_rows(base: Kernel, base_name: str, faults: Iterable[str] | None, severities: Iterable[str],
               native: bool) -> tuple[list[Plan], list[NotApplicable]]:
     """The rows for `base`: every requested fault at every severity it takes.
@@ -283,24 +297,9 @@ def plan_rows(base: Kernel, base_name: str, faults: Iterable[str] | None, severi
     if not levels:
         raise InputError("--severity: empty list; use one, pct, all or percentages such as 5%")
     if BLOCK_FORMAT in base.formats:  # a block-scaled fp8 base: faults of its block accumulation
-        names = list(dict.fromkeys(faults)) if explicit else list(BLOCK_FAULTS)
-        unknown = [n for n in names if n not in BLOCK_FAULTS]
-        if unknown:
-            raise InputError(f"unknown block fault {unknown[0]!r}; block faults: {', '.join(BLOCK_FAULTS)}")
-        if native:
-            raise InputError("--native: native fault variants live inside the int8 'triton' kernel")
-        return [Plan(name, level.label, "wrapper",
-                     lambda f=BLOCK_FAULTS[name], level=level: BlockFp8MutantKernel(f, level, base))
-                for name in names for level in (levels if name != "null" else [ALL])], []
+        return _schedule_plans("block", BLOCK_FAULTS, BlockFp8MutantKernel, base, faults, levels, native), []
     if "int8" not in base.formats and "fp8_e4m3" in base.formats:  # an fp8 base: faults of its accumulation
-        names = list(dict.fromkeys(faults)) if explicit else list(FP8_FAULTS)
-        unknown = [n for n in names if n not in FP8_FAULTS]
-        if unknown:
-            raise InputError(f"unknown fp8 fault {unknown[0]!r}; fp8 faults: {', '.join(FP8_FAULTS)}")
-        if native:
-            raise InputError("--native: native fault variants live inside the int8 'triton' kernel")
-        return [Plan(name, level.label, "wrapper", lambda f=FP8_FAULTS[name], level=level: Fp8MutantKernel(f, level, base))
-                for name in names for level in (levels if name != "null" else [ALL])], []
+        return _schedule_plans("fp8", FP8_FAULTS, Fp8MutantKernel, base, faults, levels, native), []
     names = list(dict.fromkeys(faults)) if explicit else list(FAULTS)
     for name in names:
         fault(name)  # unknown → InputError naming every fault

@@ -11,11 +11,11 @@ import importlib
 import inspect
 import platform
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -25,6 +25,8 @@ from alibi.exact.fp8_mma import AccumulationSchedule
 from alibi.governance.manifest import folder_files
 from alibi.io.digests import sha256_file, sha256_listing
 from alibi.tiles.tile import Tile
+
+T = TypeVar("T")  # what `availability`'s locate finds
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,35 @@ class Kernel:
         if not on_device:
             out, acc = out.cpu(), (None if acc is None else acc.cpu())
         return KernelOutput(out=out, acc=acc, evidence=ev)
+
+
+def cuda_problem(*, fp8: bool) -> str | None:
+    """Why this machine cannot run a CUDA kernel (an `fp8` one needs compute capability 8.9 or newer), or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here (torch.cuda.is_available() is False)"
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        return f"fp8 needs compute capability 8.9 or newer; this GPU is sm_{major}{minor}"
+    return None
+
+
+def availability(locate: Callable[[], T], gpu_problem: Callable[[], str | None],
+                 ready: Callable[[T], str]) -> tuple[bool, str]:
+    """`Kernel.available()` for a kernel whose code must be found and that needs a GPU: `locate()` finds the code
+    (KernelUnavailable saying why when it cannot), `gpu_problem()` says why this machine's GPU cannot run it (None
+    when it can). Unavailable with every problem joined by "; ", else available with `ready(what locate found)`."""
+    problems = []
+    found = None
+    try:
+        found = locate()
+    except KernelUnavailable as exc:
+        problems.append(str(exc))
+    problem = gpu_problem()
+    if problem:
+        problems.append(problem)
+    if problems:
+        return False, "; ".join(problems)
+    return True, ready(found)
 
 
 @contextmanager

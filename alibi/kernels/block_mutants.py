@@ -20,15 +20,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
 from alibi.errors import InputError
 from alibi.exact.emulator import apply_epilogue
 from alibi.exact.fp8_block_mma import RESCALE, BlockSchedule, accumulate_blocks
-from alibi.kernels.base import Kernel, KernelOutput
-from alibi.kernels.mutants import ALL, Severity, mutant_name
+from alibi.kernels.base import Kernel
+from alibi.kernels.mutants import ALL, ScheduleMutantKernel, Severity
 from alibi.tiles.tile import BLOCK_FORMAT, Tile
 
 
@@ -70,41 +69,18 @@ BLOCK_FAULTS: dict[str, BlockFault] = {f.name: f for f in (
 )}
 
 
-class BlockFp8MutantKernel(Kernel):
+class BlockFp8MutantKernel(ScheduleMutantKernel):
     """A block-scaled `base` whose selected outputs are recomputed from its declared schedule with a fault in it;
     it declares the base's schedule and epilogue all the same."""
 
     formats = (BLOCK_FORMAT,)
     scaled_accumulator = True
+    tiles, base_needed, faults, wrapper = "block-scaled fp8 tiles", "a block-scaled fp8 base", "block", "block fp8"
+    fault: BlockFault
 
     def __init__(self, f: BlockFault, severity: Severity, base: Kernel, name: str | None = None):
-        if BLOCK_FORMAT not in base.formats:
-            raise InputError(f"block fault {f.name!r} needs a block-scaled fp8 base; {base.name!r} handles "
-                             f"{', '.join(base.formats)}")
-        self.fault, self.severity, self.base = f, severity, base
-        self.name = name or mutant_name(f.name, severity, base.name)
-        self.device, self.epilogue, self.accumulation = base.device, base.epilogue, base.accumulation
+        super().__init__(f, severity, base, name)
         self.layout = getattr(base, "layout", None)
-        self.description = f"positive control: {base.name} with {f.summary} ({severity.label}); declares its schedule"
-
-    def available(self) -> tuple[bool, str]:
-        ok, reason = self.base.available()
-        return ok, f"block fp8 {self.fault.name} around {self.base.name}: {reason}"
-
-    def epilogue_at(self, M: int):
-        return self.base.epilogue_at(M)
-
-    def schedule_at(self, M: int, N: int, K: int):
-        return self.base.schedule_at(M, N, K)
-
-    def torch_device(self) -> torch.device:
-        return self.base.torch_device()
-
-    def evidence(self) -> dict[str, Any]:
-        ev = self.base.evidence()
-        ev.update(kernel=self.name, mutant={"fault": self.fault.name, "severity": self.severity.label,
-                                            "base": self.base.name, "implementation": "wrapper", "how": "recompute"})
-        return ev
 
     def _faulty_acc(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                     layout) -> torch.Tensor:
@@ -117,27 +93,13 @@ class BlockFp8MutantKernel(Kernel):
         sa = self.fault.activation_scales(s_a) if self.fault.activation_scales else s_a
         return accumulate_blocks(schedule, a_q, sa, w_q, s_w, layout)
 
-    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
-            evidence: bool = True, wait: bool = True) -> KernelOutput:
-        self.require_available()
-        if tile.fmt not in self.formats:
-            raise InputError(f"kernel {self.name!r} handles block-scaled fp8 tiles; tile {tile.name!r} is {tile.fmt}")
-        base = self.base.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
-        if self.fault.name == "null":
-            return base
-        dev = base.out.device
+    def faulty(self, tile: Tile, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         a_q, s_a, w_q, s_w = (x.to(dev) for x in (tile.a_q, tile.s_a, tile.w_q, tile.s_w))
         acc = self._faulty_acc(a_q, s_a, w_q, s_w, tile.block_layout)
         ones_m = torch.ones(tile.M, dtype=torch.float32, device=dev)
         ones_n = torch.ones(tile.N, dtype=torch.float32, device=dev)
-        faulty = apply_epilogue(self.base.epilogue_at(tile.M), acc, ones_m, ones_n,
-                                None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
-        mask = self.severity.mask((tile.M, tile.N)).to(dev)
-        out = torch.where(mask, faulty, base.out)
-        exposed = None if base.acc is None else torch.where(mask, acc, base.acc.to(dev))
-        ev = dict(base.evidence)
-        ev.update(kernel=self.name, mutant=self.evidence()["mutant"] if evidence else None)
-        return KernelOutput(out=out, acc=exposed, evidence=ev)
+        return acc, apply_epilogue(self.base.epilogue_at(tile.M), acc, ones_m, ones_n,
+                                   None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor, s_a: torch.Tensor | None = None,
                     s_w: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -40,8 +40,9 @@ import torch.nn.functional as F
 from alibi.errors import InputError
 from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout
 from alibi.exact.fp8_block_mma import BlockSchedule, check_block_operands
-from alibi.kernels.base import Kernel
+from alibi.kernels.base import Kernel, cuda_problem
 from alibi.kernels.cpu import block_epilogue
+from alibi.kernels.fp8 import cublaslt_version
 from alibi.tiles.tile import BLOCK_FORMAT
 
 E4M3 = torch.float8_e4m3fn
@@ -116,8 +117,9 @@ class BlockScaledKernel(Kernel):
 
     def cuda_problem(self) -> str | None:
         """Why this machine's GPU cannot run an fp8 kernel, or None."""
-        if not torch.cuda.is_available():
-            return "no CUDA GPU here (torch.cuda.is_available() is False)"
+        problem = cuda_problem(fp8=False)
+        if problem:
+            return problem
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (9, 0):
             return f"block-scaled fp8 kernels here are sm_90 (H100/H200) kernels; this GPU is sm_{major}{minor}"
@@ -193,7 +195,6 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
         return add_bias_after_cast(out[:, :N], bias)
 
     def evidence(self) -> dict[str, Any]:
-        from alibi.kernels.fp8 import cublaslt_version  # deferred: fp8 imports the CUTLASS build helpers
 
         ev = super().evidence()
         ev.update(backend="torch.nn.functional.scaled_mm", cublaslt_version=cublaslt_version())

@@ -50,7 +50,7 @@ from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import EpilogueModel
 from alibi.exact.fp8_mma import FAST_ACCUM
 from alibi.io.digests import sha256_file
-from alibi.kernels.base import Kernel
+from alibi.kernels.base import Kernel, availability, cuda_problem
 
 ENV_ROOT = "ALIBI_FBGEMM_ROOT"
 PINNED_VERSION = "1.6.0"
@@ -128,20 +128,9 @@ class FbgemmFp8RowKernel(Kernel):
         self.last_run: dict[str, Any] = {}
 
     def available(self) -> tuple[bool, str]:
-        problems = []
-        try:
-            root, origin = locate_root()
-        except KernelUnavailable as exc:
-            problems.append(str(exc))
-            root, origin = None, None
-        if not torch.cuda.is_available():
-            problems.append("no CUDA GPU here (torch.cuda.is_available() is False)")
-        elif torch.cuda.get_device_capability() < (8, 9):
-            major, minor = torch.cuda.get_device_capability()
-            problems.append(f"fp8 needs compute capability 8.9 or newer; this GPU is sm_{major}{minor}")
-        if problems:
-            return False, "; ".join(problems)
-        return True, f"FBGEMM Triton fp8_gemm.py from {origin} ({root}) on {torch.cuda.get_device_name()}"
+        return availability(locate_root, lambda: cuda_problem(fp8=True),
+                            lambda found: f"FBGEMM Triton fp8_gemm.py from {found[1]} ({found[0]}) on "
+                                          f"{torch.cuda.get_device_name()}")
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -599,15 +599,20 @@ FP8_FAULTS: dict[str, Fp8Fault] = {f.name: f for f in (
 )}
 
 
-class Fp8MutantKernel(Kernel):
-    """An fp8 `base` whose selected outputs are recomputed from its declared schedule with a fault in it (and its
-    declared epilogue); it declares the base's schedule and epilogue all the same."""
+class ScheduleMutantKernel(Kernel):
+    """A `base` whose selected outputs are recomputed from its declared accumulation schedule with a fault in it; it
+    declares the base's schedule and epilogue all the same, as a buggy kernel would. Subclasses set `formats` (the
+    one format of base and tiles), the words their messages use, and `faulty(tile, dev)`."""
 
-    formats = ("fp8_e4m3",)
+    tiles: str         # the tiles it takes: "fp8 tiles"
+    base_needed: str   # the base it wraps: "an fp8 base"
+    faults: str        # its fault family, as `<faults> fault 'x' needs ...`
+    wrapper: str       # what `available()` calls it, as `<wrapper> <fault> around <base>`
 
-    def __init__(self, f: Fp8Fault, severity: Severity, base: Kernel, name: str | None = None):
-        if "fp8_e4m3" not in base.formats:
-            raise InputError(f"fp8 fault {f.name!r} needs an fp8 base; {base.name!r} handles {', '.join(base.formats)}")
+    def __init__(self, f: Any, severity: Severity, base: Kernel, name: str | None = None):
+        if self.formats[0] not in base.formats:
+            raise InputError(f"{self.faults} fault {f.name!r} needs {self.base_needed}; {base.name!r} handles "
+                             f"{', '.join(base.formats)}")
         self.fault, self.severity, self.base = f, severity, base
         self.name = name or mutant_name(f.name, severity, base.name)
         self.device, self.epilogue, self.accumulation = base.device, base.epilogue, base.accumulation
@@ -615,12 +620,12 @@ class Fp8MutantKernel(Kernel):
 
     def available(self) -> tuple[bool, str]:
         ok, reason = self.base.available()
-        return ok, f"fp8 {self.fault.name} around {self.base.name}: {reason}"
+        return ok, f"{self.wrapper} {self.fault.name} around {self.base.name}: {reason}"
 
     def epilogue_at(self, M: int) -> EpilogueModel | None:
         return self.base.epilogue_at(M)
 
-    def schedule_at(self, M: int, N: int, K: int) -> AccumulationSchedule | None:
+    def schedule_at(self, M: int, N: int, K: int):
         return self.base.schedule_at(M, N, K)
 
     def torch_device(self) -> torch.device:
@@ -631,6 +636,36 @@ class Fp8MutantKernel(Kernel):
         ev.update(kernel=self.name, mutant={"fault": self.fault.name, "severity": self.severity.label,
                                             "base": self.base.name, "implementation": "wrapper", "how": "recompute"})
         return ev
+
+    def faulty(self, tile: Tile, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accumulator, output) of `tile` with the fault in, on `dev`."""
+        raise NotImplementedError
+
+    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
+            evidence: bool = True, wait: bool = True) -> KernelOutput:
+        self.require_available()
+        if tile.fmt not in self.formats:
+            raise InputError(f"kernel {self.name!r} handles {self.tiles}; tile {tile.name!r} is {tile.fmt}")
+        base = self.base.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
+        if self.fault.name == "null":
+            return base
+        dev = base.out.device
+        acc, faulty = self.faulty(tile, dev)
+        mask = self.severity.mask((tile.M, tile.N)).to(dev)
+        out = torch.where(mask, faulty, base.out)
+        exposed = None if base.acc is None else torch.where(mask, acc, base.acc.to(dev))
+        ev = dict(base.evidence)
+        ev.update(kernel=self.name, mutant=self.evidence()["mutant"] if evidence else None)
+        return KernelOutput(out=out, acc=exposed, evidence=ev)
+
+
+class Fp8MutantKernel(ScheduleMutantKernel):
+    """An fp8 `base` whose selected outputs are recomputed from its declared schedule with a fault in it (and its
+    declared epilogue); it declares the base's schedule and epilogue all the same."""
+
+    formats = ("fp8_e4m3",)
+    tiles, base_needed, faults, wrapper = "fp8 tiles", "an fp8 base", "fp8", "fp8"
+    fault: Fp8Fault
 
     def _faulty_acc(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
         M, K = a_q.shape
@@ -645,25 +680,10 @@ class Fp8MutantKernel(Kernel):
             a_q.view(torch.uint8)[:, last:] = 0
         return accumulate(schedule, a_q, w_q)
 
-    def run(self, tile: Tile, *, accumulator: bool = False, on_device: bool = False,
-            evidence: bool = True, wait: bool = True) -> KernelOutput:
-        self.require_available()
-        if tile.fmt not in self.formats:
-            raise InputError(f"kernel {self.name!r} handles fp8 tiles; tile {tile.name!r} is {tile.fmt}")
-        base = self.base.run(tile, accumulator=accumulator, on_device=on_device, evidence=evidence)
-        if self.fault.name == "null":
-            return base
-        dev = base.out.device
-        a_q, w_q = tile.a_q.to(dev), tile.w_q.to(dev)
-        acc = self._faulty_acc(a_q, w_q)
-        faulty = apply_epilogue(self.base.epilogue_at(tile.M), acc, tile.s_a.to(dev), tile.s_w.to(dev),
-                                None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
-        mask = self.severity.mask((tile.M, tile.N)).to(dev)
-        out = torch.where(mask, faulty, base.out)
-        exposed = None if base.acc is None else torch.where(mask, acc, base.acc.to(dev))
-        ev = dict(base.evidence)
-        ev.update(kernel=self.name, mutant=self.evidence()["mutant"] if evidence else None)
-        return KernelOutput(out=out, acc=exposed, evidence=ev)
+    def faulty(self, tile: Tile, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = self._faulty_acc(tile.a_q.to(dev), tile.w_q.to(dev))
+        return acc, apply_epilogue(self.base.epilogue_at(tile.M), acc, tile.s_a.to(dev), tile.s_w.to(dev),
+                                   None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
         base = self.base.accumulator(a_q, w_q)
@@ -764,6 +784,7 @@ __all__ = [
     "NATIVE_SWITCHES",
     "Fault",
     "MutantKernel",
+    "ScheduleMutantKernel",
     "Severity",
     "epilogue_finish",
     "epilogue_parts",

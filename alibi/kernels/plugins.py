@@ -99,11 +99,15 @@ def load_plugin(name: str, registrations: list) -> Kernel:
         return UnavailableKernel(name, _HUNG[key])
     where, limit = describe(entry_point), timeout_s()
     owner = f"the package that registers it ({_package(entry_point)})"
+
+    def hung(what: str) -> UnavailableKernel:
+        """Refused for the life of the process: a plugin that hung once is not waited on again."""
+        _HUNG[key] = f"{what}; fix or uninstall {owner}, or allow more time with {TIMEOUT_ENV}=SECONDS"
+        return UnavailableKernel(name, _HUNG[key])
+
     status, made = _isolated(lambda: entry_point.load()(), limit)
     if status == "hung":
-        _HUNG[key] = (f"{where} did not finish loading within {limit:g} s (its import or factory hangs); fix or "
-                      f"uninstall {owner}, or allow more time with {TIMEOUT_ENV}=SECONDS")
-        return UnavailableKernel(name, _HUNG[key])
+        return hung(f"{where} did not finish loading within {limit:g} s (its import or factory hangs)")
     if status == "raised":
         return UnavailableKernel(name, f"{where} cannot be loaded ({_described(made)}); fix or uninstall {owner}")
     if not isinstance(made, Kernel):
@@ -115,9 +119,7 @@ def load_plugin(name: str, registrations: list) -> Kernel:
         return UnavailableKernel(name, f"{where} is refused: {problem}; fix {owner}")
     status, answer = _isolated(kernel.available, limit)
     if status == "hung":
-        _HUNG[key] = (f"{where}: its available() did not return within {limit:g} s; fix or uninstall {owner}, or "
-                      f"allow more time with {TIMEOUT_ENV}=SECONDS")
-        return UnavailableKernel(name, _HUNG[key])
+        return hung(f"{where}: its available() did not return within {limit:g} s")
     if status == "raised":
         return UnavailableKernel(name, f"{where}: its available() raised ({_described(answer)}); fix {owner}")
     if not (isinstance(answer, tuple) and len(answer) == 2 and type(answer[0]) is bool and isinstance(answer[1], str)):

@@ -78,6 +78,14 @@ def torchao_version() -> str | None:
         return None
 
 
+def installed_version() -> str:
+    """torchao's version; KernelUnavailable when torchao is not installed."""
+    version = torchao_version()
+    if version is None:
+        raise KernelUnavailable(f"torchao is not installed; {INSTALL}")
+    return version
+
+
 _MODULES: dict[str, Any] = {}
 
 
@@ -85,8 +93,7 @@ def _import() -> dict[str, Any]:
     """TorchAO's pieces this adapter uses (imported once; KernelUnavailable when torchao is missing)."""
     if _MODULES:
         return _MODULES
-    if torchao_version() is None:
-        raise KernelUnavailable(f"torchao is not installed; {INSTALL}")
+    installed_version()
     os.environ.setdefault(SKIP_SO_ENV, "1")
     try:
         int8_tensor = importlib.import_module(SOURCE_MODULES[0])

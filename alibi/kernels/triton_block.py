@@ -42,7 +42,10 @@ import torch
 
 from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.fp8_block_mma import parse_block_schedule
+from alibi.kernels import torchao
+from alibi.kernels.base import availability
 from alibi.kernels.block_scaled import BlockScaledKernel, add_bias_after_cast, pad_block_operands
+from alibi.kernels.fbgemm import _MODULE, KNOWN_FP8_GEMM, load_fp8_gemm, locate_root
 
 ACTIVATION_ROWS = 256  # FBGEMM's scale_block_m: rows sharing one activation scale per group
 CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1}
@@ -89,24 +92,12 @@ class FbgemmFp8BlockKernel(BlockScaledKernel):
                    "128 x 128 (weights): one chain over K rescaled at each block's end, bf16 output")
 
     def available(self) -> tuple[bool, str]:
-        from alibi.kernels.fbgemm import locate_root
-
-        problems = []
-        try:
-            root, origin = locate_root()
-        except KernelUnavailable as exc:
-            problems.append(str(exc))
-            root = origin = None
-        problem = self.cuda_problem()
-        if problem:
-            problems.append(problem)
-        if problems:
-            return False, "; ".join(problems)
-        return True, f"FBGEMM Triton fp8_gemm.py matmul_fp8_block from {origin} ({root}) on {torch.cuda.get_device_name()}"
+        return availability(locate_root, self.cuda_problem,
+                            lambda found: f"FBGEMM Triton fp8_gemm.py matmul_fp8_block from {found[1]} ({found[0]}) "
+                                          f"on {torch.cuda.get_device_name()}")
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        from alibi.kernels.fbgemm import load_fp8_gemm
 
         self.checked(a_q, s_a, w_q, s_w, out_dtype)
         M, K = a_q.shape
@@ -131,8 +122,6 @@ class FbgemmFp8BlockKernel(BlockScaledKernel):
         return add_bias_after_cast(out, bias)
 
     def evidence(self) -> dict[str, Any]:
-        from alibi.kernels.fbgemm import _MODULE, KNOWN_FP8_GEMM
-
         ev = super().evidence()
         digests = _MODULE.get("digests", {})
         ev["fbgemm"] = {"root": str(_MODULE.get("root")), "sha256": digests,
@@ -142,10 +131,7 @@ class FbgemmFp8BlockKernel(BlockScaledKernel):
 
 def load_torchao_block() -> Any:
     """TorchAO's blockwise_quantization module (KernelUnavailable when torchao is missing or fails to import)."""
-    from alibi.kernels import torchao
-
-    if torchao.torchao_version() is None:
-        raise KernelUnavailable(f"torchao is not installed; {torchao.INSTALL}")
+    torchao.installed_version()
     from alibi.kernels import triton_int8  # noqa: F401 - sets TRITON_INTERPRET=1 without CUDA, before triton loads
 
     os.environ.setdefault(torchao.SKIP_SO_ENV, "1")
@@ -165,7 +151,7 @@ def torchao_block_gemm(a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, 
     impls = module._get_triton_impls()
     if not impls.available:
         raise KernelUnavailable("torchao's blockwise fp8 GEMM needs triton, which torch does not find here")
-    import triton
+    import triton  # deferred: triton loads (and picks its backend) only when a kernel runs
 
     kernel = _autotuner_of(impls.gemm)
     kw = {k: v for k, v in TORCHAO_CONFIG.items() if k.startswith("BLOCK")}
@@ -176,7 +162,7 @@ def torchao_block_gemm(a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, 
     with _offered(kernel, config):
         out = module.blockwise_fp8_gemm(a_q.contiguous(), s_a.to(torch.float32).contiguous(), w_q.contiguous(),
                                         s_w.to(torch.float32).contiguous(), block_size)
-    return out, {"op": "torchao.kernel.blockwise_quantization.blockwise_fp8_gemm", "triton_config": dict(TORCHAO_CONFIG)}
+    return out, {"op": f"{TORCHAO_MODULE}.blockwise_fp8_gemm", "triton_config": dict(TORCHAO_CONFIG)}
 
 
 def _autotuner_of(gemm: Any) -> Any:
@@ -200,18 +186,9 @@ class TorchaoFp8BlockKernel(BlockScaledKernel):
                    "128 k promoted as acc + (p*sa)*sw, bf16 output, bias added after the cast")
 
     def available(self) -> tuple[bool, str]:
-        from alibi.kernels import torchao
-
-        problems = []
-        if torchao.torchao_version() is None:
-            problems.append(f"torchao is not installed; {torchao.INSTALL}")
-        problem = self.cuda_problem()
-        if problem:
-            problems.append(problem)
-        if problems:
-            return False, "; ".join(problems)
-        return True, (f"torchao {torchao.torchao_version()} {TORCHAO_MODULE}.blockwise_fp8_gemm on "
-                      f"{torch.cuda.get_device_name()}")
+        return availability(torchao.installed_version, self.cuda_problem,
+                            lambda version: f"torchao {version} {TORCHAO_MODULE}.blockwise_fp8_gemm on "
+                                            f"{torch.cuda.get_device_name()}")
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -222,8 +199,6 @@ class TorchaoFp8BlockKernel(BlockScaledKernel):
         return add_bias_after_cast(out, bias)
 
     def evidence(self) -> dict[str, Any]:
-        from alibi.kernels import torchao
-
         ev = super().evidence()
         ev["torchao"] = {"version": torchao.torchao_version()}
         return ev

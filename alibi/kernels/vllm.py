@@ -81,7 +81,7 @@ from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import VLLM_CUTLASS, VLLM_TRITON, EpilogueModel
 from alibi.exact.fp8_mma import FAST_ACCUM
 from alibi.io.digests import sha256_bytes, sha256_file
-from alibi.kernels.base import Kernel
+from alibi.kernels.base import Kernel, availability, cuda_problem
 from alibi.kernels.cutlass import check_operands
 
 ENV_OPS = "ALIBI_VLLM_OPS"
@@ -172,7 +172,14 @@ def installed_vllm() -> tuple[Path, str | None] | None:
 
 def locate(role: str) -> VllmFile:
     """The op library (`role="ops"`) or Triton file (`role="triton"`) to use; KernelUnavailable if none."""
-    env, relative = (ENV_OPS, OP_LIBRARY) if role == "ops" else (ENV_TRITON, TRITON_FILE)
+    if role == "ops":
+        return locate_file(role, ENV_OPS, OP_LIBRARY, "op library")
+    return locate_file(role, ENV_TRITON, TRITON_FILE, "Triton kernel")
+
+
+def locate_file(role: str, env: str, relative: str, what: str) -> VllmFile:
+    """The vLLM file `relative` (to the vllm package) that plays `role`: the one the environment variable `env`
+    names, else the installed vllm's; KernelUnavailable (naming `what` the file holds) if neither."""
     named = os.environ.get(env)
     if named:
         path = Path(named).expanduser()
@@ -181,7 +188,6 @@ def locate(role: str) -> VllmFile:
         return VllmFile(role, path, env)
     found = installed_vllm()
     if found is None:
-        what = "op library" if role == "ops" else "Triton kernel"
         raise KernelUnavailable(f"vLLM's {what} not found: vllm is not installed and {env} is not set; {INSTALL}, or "
                                 f"set {env} to vllm/{relative} from the vLLM wheel (analysis/h200/vllm_payload.sh)")
     folder, version = found
@@ -446,23 +452,14 @@ class VllmKernel(Kernel):
         return locate(self.role)
 
     def available(self) -> tuple[bool, str]:
-        problems = []
-        found = None
-        try:
+        def located() -> VllmFile:
             found = self.vllm_file()
             (check_op_library if self.role == "ops" else check_triton_file)(found.path)
-        except KernelUnavailable as exc:
-            problems.append(str(exc))
-        if not torch.cuda.is_available():
-            problems.append("no CUDA GPU here (torch.cuda.is_available() is False)")
-        elif self.operand_dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability() < (8, 9):
-            major, minor = torch.cuda.get_device_capability()
-            problems.append(f"fp8 needs compute capability 8.9 or newer; this GPU is sm_{major}{minor}")
-        if problems:
-            return False, "; ".join(problems)
-        assert found is not None
-        return True, (f"vLLM {found.release or '(unknown release)'} {Path(found.path).name} from {found.origin} "
-                      f"({found.path}) on {torch.cuda.get_device_name()}")
+            return found
+
+        return availability(located, lambda: cuda_problem(fp8=self.operand_dtype == torch.float8_e4m3fn),
+                            lambda found: f"vLLM {found.release or '(unknown release)'} {Path(found.path).name} from "
+                                          f"{found.origin} ({found.path}) on {torch.cuda.get_device_name()}")
 
     def build_digest(self) -> str:
         """The code that runs: sha256 of vLLM's op library or Triton file as this process loaded it

@@ -63,6 +63,7 @@ from alibi.errors import KernelUnavailable
 from alibi.exact.fp8_block_mma import BlockSchedule, parse_block_schedule
 from alibi.io.digests import sha256_file
 from alibi.kernels import vllm
+from alibi.kernels.base import availability
 from alibi.kernels.block_scaled import BlockScaledKernel, add_bias_after_cast, blockwise_scale_views, pad_block_operands
 
 ENV_FP8_UTILS = "ALIBI_VLLM_FP8_UTILS"
@@ -78,23 +79,7 @@ DEFAULT_BLOCK_SIZE_K = 128  # the launcher's default config: BLOCK_SIZE_K = bloc
 
 def locate_fp8_utils() -> vllm.VllmFile:
     """vLLM's fp8_utils.py: `ALIBI_VLLM_FP8_UTILS`, else the installed vllm's; KernelUnavailable if neither."""
-    named = os.environ.get(ENV_FP8_UTILS)
-    if named:
-        path = Path(named).expanduser()
-        if not path.is_file():
-            raise KernelUnavailable(f"{ENV_FP8_UTILS}={named}: no such file; point it at vLLM's fp8_utils.py")
-        return vllm.VllmFile("fp8_utils", path, ENV_FP8_UTILS)
-    found = vllm.installed_vllm()
-    if found is None:
-        raise KernelUnavailable(f"vLLM's block-scaled Triton kernel not found: vllm is not installed and "
-                                f"{ENV_FP8_UTILS} is not set; {vllm.INSTALL}, or set {ENV_FP8_UTILS} to "
-                                f"vllm/{FP8_UTILS_FILE} from the vLLM wheel (analysis/h200/vllm_payload.sh)")
-    folder, version = found
-    path = folder / FP8_UTILS_FILE
-    if not path.is_file():
-        raise KernelUnavailable(f"the installed vllm {version or '?'} at {folder} has no {FP8_UTILS_FILE}; "
-                                f"install vllm=={vllm.PINNED_VERSION} or set {ENV_FP8_UTILS}")
-    return vllm.VllmFile("fp8_utils", path, "installed vllm", version)
+    return vllm.locate_file("fp8_utils", ENV_FP8_UTILS, FP8_UTILS_FILE, "block-scaled Triton kernel")
 
 
 def extracted_source(path: Path) -> str:
@@ -145,8 +130,8 @@ def load_block_triton(path: Path) -> types.ModuleType:
     from alibi.kernels import triton_int8  # noqa: F401 - sets TRITON_INTERPRET=1 without CUDA, before triton loads
 
     try:
-        import triton
-        import triton.language as tl
+        import triton  # deferred: after triton_int8 has chosen the backend (above)
+        import triton.language as tl  # deferred: as above
     except ImportError as exc:
         raise KernelUnavailable(f"vLLM's block-scaled Triton kernel needs triton ({exc}); pip install 'triton>=3.3'") \
             from None
@@ -186,21 +171,16 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
         return locate_fp8_utils()
 
     def available(self) -> tuple[bool, str]:
-        problems = []
-        found = None
-        try:
+        def located() -> vllm.VllmFile:
             found = self.vllm_file()
             extracted_source(found.path)
-        except KernelUnavailable as exc:
-            problems.append(str(exc))
-        problem = self.cuda_problem()
-        if problem:
-            problems.append(problem)
-        if problems:
-            return False, "; ".join(problems)
-        assert found is not None
-        release = KNOWN_FP8_UTILS.get(found.sha256) or found.installed_version or "(unknown release)"
-        return True, f"vLLM {release} fp8_utils.py from {found.origin} ({found.path}) on {torch.cuda.get_device_name()}"
+            return found
+
+        def ready(found: vllm.VllmFile) -> str:
+            release = KNOWN_FP8_UTILS.get(found.sha256) or found.installed_version or "(unknown release)"
+            return f"vLLM {release} fp8_utils.py from {found.origin} ({found.path}) on {torch.cuda.get_device_name()}"
+
+        return availability(located, self.cuda_problem, ready)
 
     def module(self) -> types.ModuleType:
         return load_block_triton(self.vllm_file().path)
@@ -218,7 +198,9 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
 
     def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule:
         bk = self.block_size_k(M, N, K)
-        return self.accumulation if bk == DEFAULT_BLOCK_SIZE_K else parse_block_schedule(f"block{bk}:{TRITON_PROMOTION}")
+        if bk == DEFAULT_BLOCK_SIZE_K:
+            return self.accumulation
+        return parse_block_schedule(f"block{bk}:{TRITON_PROMOTION}")
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -270,21 +252,14 @@ class VllmCutlassFp8BlockKernel(BlockScaledKernel):
         self._op = None
 
     def available(self) -> tuple[bool, str]:
-        problems = []
-        found = None
-        try:
+        def located() -> vllm.VllmFile:
             found = vllm.locate("ops")
             vllm.check_op_library(found.path)
-        except KernelUnavailable as exc:
-            problems.append(str(exc))
-        problem = self.cuda_problem()
-        if problem:
-            problems.append(problem)
-        if problems:
-            return False, "; ".join(problems)
-        assert found is not None
-        return True, (f"vLLM {found.release or '(unknown release)'} {found.path.name} from {found.origin} "
-                      f"({found.path}) on {torch.cuda.get_device_name()}")
+            return found
+
+        return availability(located, self.cuda_problem,
+                            lambda found: f"vLLM {found.release or '(unknown release)'} {found.path.name} from "
+                                          f"{found.origin} ({found.path}) on {torch.cuda.get_device_name()}")
 
     def op(self):
         if self._op is None:

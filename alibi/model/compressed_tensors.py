@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -50,7 +51,36 @@ QUANT_METHOD = "compressed-tensors"
 SCALE_SUFFIX = ".weight_scale"
 _UNSUPPORTED_SUFFIXES = (".weight_zero_point", ".input_scale", ".input_zero_point", ".weight_g_idx",
                          ".weight_global_scale", ".weight_packed", ".weight_shape")
+L = TypeVar("L")  # a checkpoint format's quantized Linear (`quantize_targets`)
 SCALE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def module_listed(entries: tuple[str, ...], module: str) -> bool:
+    """Whether `module` is one of `entries`: a module name (matching the whole name or its last dotted parts) or
+    an `re:` pattern matched from the start of the name, as compressed-tensors' `ignore` and HF's
+    `ignored_layers` / `modules_to_not_convert` lists write them."""
+    for entry in entries:
+        if entry.startswith("re:"):
+            if re.match(entry[3:], module):
+                return True
+        elif module == entry or module.endswith("." + entry):
+            return True
+    return False
+
+
+def checked_module_list(entries: object, source: str, field: str) -> list[str]:
+    """`entries` (the value of `quantization_config.<field>` in `source`) if it is a list of module names and valid
+    `re:` patterns (see `module_listed`); InputError otherwise."""
+    if not isinstance(entries, list) or not all(isinstance(i, str) for i in entries):
+        raise InputError(f"{source}: quantization_config.{field} must be a list of module names")
+    for entry in entries:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as exc:
+                raise InputError(f"{source}: quantization_config.{field} entry {shown(entry)} is not a valid "
+                                 f"regular expression ({exc}); fix the pattern") from None
+    return entries
 
 
 @dataclass(frozen=True)
@@ -69,13 +99,7 @@ class W8A8Scheme:
 
     def ignores(self, module: str) -> bool:
         """Whether `module` is listed in `ignore` (by name or by an `re:` pattern)."""
-        for entry in self.ignore:
-            if entry.startswith("re:"):
-                if re.match(entry[3:], module):
-                    return True
-            elif module == entry or module.endswith("." + entry):
-                return True
-        return False
+        return module_listed(self.ignore, module)
 
     def to_quantization_config(self) -> dict:
         """The `quantization_config` object as llm-compressor writes it for this scheme."""
@@ -148,16 +172,7 @@ class W8A8Scheme:
             strategies.add(w["strategy"])
         if len(strategies) > 1:
             raise unsupported("weights.strategy across config groups", sorted(strategies), "one strategy")
-        ignore = qc.get("ignore") or []
-        if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
-            raise InputError(f"{source}: quantization_config.ignore must be a list of module names")
-        for entry in ignore:
-            if entry.startswith("re:"):
-                try:
-                    re.compile(entry[3:])
-                except re.error as exc:
-                    raise InputError(f"{source}: quantization_config.ignore entry {shown(entry)} is not a valid "
-                                     f"regular expression ({exc}); fix the pattern") from None
+        ignore = checked_module_list(qc.get("ignore") or [], source, "ignore")
         return cls(tuple(targets), tuple(ignore), strategies.pop())
 
 
@@ -300,6 +315,26 @@ def is_decoder_linear(tensor_name: str) -> bool:
     return bool(re.fullmatch(r".*layers\.\d+\..*\b(" + "|".join(DECODER_LINEARS) + r")\.weight", tensor_name))
 
 
+def quantize_targets(
+    tensors: Mapping[str, torch.Tensor],
+    is_target: Callable[[str], bool],
+    quantize: Callable[[str, torch.Tensor, torch.Tensor | None], L],
+) -> tuple[dict[str, L], dict[str, torch.Tensor]]:
+    """Split a dense checkpoint's tensors: each target Linear (`is_target` of its weight's name) as
+    `quantize(module name, weight, bias or None)`, in natural name order, and every other tensor as it is (the
+    dense ones: embeddings, norms, lm_head, ...). InputError when no tensor is a target."""
+    linears: dict[str, L] = {}
+    for key in sorted(tensors, key=natural_key):
+        if is_target(key):
+            name = key.removesuffix(".weight")
+            linears[name] = quantize(name, tensors[key], tensors.get(f"{name}.bias"))
+    if not linears:
+        raise InputError("no tensor matched the quantization targets; is this a Llama/Qwen-style decoder checkpoint?")
+    dense = {k: t for k, t in tensors.items()
+             if k.removesuffix(".weight") not in linears and k.removesuffix(".bias") not in linears}
+    return linears, dense
+
+
 def quantize_dense(
     config: Mapping,
     tensors: Mapping[str, torch.Tensor],
@@ -314,19 +349,11 @@ def quantize_dense(
     checkpoint's storage dtype) and `q = clamp(round_half_even(w / scale), -128, 127)` computed
     with that stored scale, so the dequantized weight `q·scale` is exactly what a reader sees.
     """
-    linears: dict[str, QuantizedLinear] = {}
-    dense: dict[str, torch.Tensor] = {}
-    for key in sorted(tensors, key=natural_key):
-        t = tensors[key]
-        if is_target(key):
-            name = key.removesuffix(".weight")
-            q, s = quantize_weight_per_channel(t, scale_dtype=scale_dtype)
-            linears[name] = QuantizedLinear(name, q, s, scale_dtype, tensors.get(f"{name}.bias"))
-    for key, t in tensors.items():
-        if key.removesuffix(".weight") not in linears and key.removesuffix(".bias") not in linears:
-            dense[key] = t
-    if not linears:
-        raise InputError("no tensor matched the quantization targets; is this a Llama/Qwen-style decoder checkpoint?")
+    def quantized(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> QuantizedLinear:
+        q, s = quantize_weight_per_channel(weight, scale_dtype=scale_dtype)
+        return QuantizedLinear(name, q, s, scale_dtype, bias)
+
+    linears, dense = quantize_targets(tensors, is_target, quantized)
     new_config = copy.deepcopy(dict(config))
     new_config["quantization_config"] = scheme.to_quantization_config()
     return W8A8Checkpoint(config=new_config, scheme=scheme, linears=linears, dense=dense)

@@ -25,7 +25,6 @@ compressed-tensors fp8 are refused with an error naming the field.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,13 @@ from alibi.errors import InputError, shown
 from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout, quantize_fp8_blocks
 from alibi.exact.numerics import dtype_name
 from alibi.model.checkpoint import CONFIG_FILE, read_config, read_tensors
-from alibi.model.compressed_tensors import is_decoder_linear, natural_key
+from alibi.model.compressed_tensors import (
+    checked_module_list,
+    is_decoder_linear,
+    module_listed,
+    natural_key,
+    quantize_targets,
+)
 
 QUANT_METHOD = "fp8"
 FORMAT_NAME = "fp8-block"  # `alibi model prepare --format fp8-block`, the prepared folder's name
@@ -62,13 +67,7 @@ class BlockFp8Scheme:
     ignored: tuple[str, ...] = ()
 
     def ignores(self, module: str) -> bool:
-        for entry in self.ignored:
-            if entry.startswith("re:"):
-                if re.match(entry[3:], module):
-                    return True
-            elif module == entry or module.endswith("." + entry):
-                return True
-        return False
+        return module_listed(self.ignored, module)
 
     def to_quantization_config(self) -> dict:
         """The `quantization_config` object as DeepSeek-V3 and Qwen3-FP8 write it (`ignored_layers` only if any)."""
@@ -101,16 +100,8 @@ class BlockFp8Scheme:
                 and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
             raise unsupported("weight_block_size", block, "[block_n, block_k] of two positive integers (per-tensor "
                               "fp8 without blocks is not run)")
-        ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
-        if not isinstance(ignored, list) or not all(isinstance(i, str) for i in ignored):
-            raise InputError(f"{source}: quantization_config.ignored_layers must be a list of module names")
-        for entry in ignored:
-            if entry.startswith("re:"):
-                try:
-                    re.compile(entry[3:])
-                except re.error as exc:
-                    raise InputError(f"{source}: quantization_config.ignored_layers entry {shown(entry)} is not a "
-                                     f"valid regular expression ({exc}); fix the pattern") from None
+        ignored = checked_module_list(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or [], source,
+                                      "ignored_layers")
         return cls(BlockLayout(block[0], block[1]), tuple(ignored))
 
 
@@ -175,7 +166,8 @@ def parse_block_fp8(config: Mapping, tensors: Mapping[str, torch.Tensor], source
     for name in modules:
         w, s = tensors.get(f"{name}.weight"), tensors[f"{name}{SCALE_SUFFIX}"]
         if w is None:
-            raise InputError(f"{source}: {name}{SCALE_SUFFIX} has no matching {name}.weight; the checkpoint is malformed")
+            raise InputError(f"{source}: {name}{SCALE_SUFFIX} has no matching {name}.weight; the checkpoint is "
+                             "malformed")
         if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
             raise InputError(f"{source}: {name}.weight is {dtype_name(w.dtype)} {list(w.shape)}; a block-scaled "
                              "fp8 weight must be float8_e4m3fn [N,K]")
@@ -215,20 +207,15 @@ def quantize_dense_block_fp8(
     vLLM's group rule over 2-D blocks, a ragged last block scaled over what exists); everything else stays as it is.
     The result's config is the dense one with the block `quantization_config` added."""
     scheme = BlockFp8Scheme(layout)
-    linears: dict[str, BlockQuantizedLinear] = {}
-    for key in sorted(tensors, key=natural_key):
-        if is_target(key):
-            name = key.removesuffix(".weight")
-            q, s = quantize_fp8_blocks(tensors[key], layout)
-            linears[name] = BlockQuantizedLinear(name, q, s, tensors.get(f"{name}.bias"))
-    if not linears:
-        raise InputError("no tensor matched the quantization targets; is this a Llama/Qwen-style decoder checkpoint?")
-    dense = {k: t for k, t in tensors.items()
-             if k.removesuffix(".weight") not in linears and k.removesuffix(".bias") not in linears}
+
+    def quantized(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> BlockQuantizedLinear:
+        return BlockQuantizedLinear(name, *quantize_fp8_blocks(weight, layout), bias)
+
+    linears, dense = quantize_targets(tensors, is_target, quantized)
     new_config = copy.deepcopy(dict(config))
     new_config["quantization_config"] = scheme.to_quantization_config()
     return BlockFp8Checkpoint(config=new_config, scheme=scheme, linears=linears, dense=dense)
 
 
-__all__ = ["BlockFp8Checkpoint", "BlockQuantizedLinear", "BlockFp8Scheme", "FORMAT_NAME", "QUANT_METHOD", "SCALE_SUFFIX",
-           "is_block_fp8_config", "parse_block_fp8", "quantize_dense_block_fp8", "read_block_fp8"]
+__all__ = ["BlockFp8Checkpoint", "BlockFp8Scheme", "BlockQuantizedLinear", "FORMAT_NAME", "QUANT_METHOD",
+           "SCALE_SUFFIX", "is_block_fp8_config", "parse_block_fp8", "quantize_dense_block_fp8", "read_block_fp8"]

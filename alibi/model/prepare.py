@@ -32,9 +32,9 @@ from alibi.governance.manifest import (
 from alibi.io import atomic
 from alibi.io.progress import ProgressCallback
 from alibi.model.checkpoint import checkpoint_digests, write_checkpoint
-from alibi.model.compressed_tensors import SCALE_DTYPES, quantize_dense
+from alibi.model.compressed_tensors import SCALE_DTYPES, W8A8Checkpoint, quantize_dense
 from alibi.model.fp8_block_checkpoint import FORMAT_NAME as FP8_BLOCK_DIR
-from alibi.model.fp8_block_checkpoint import quantize_dense_block_fp8
+from alibi.model.fp8_block_checkpoint import BlockFp8Checkpoint, quantize_dense_block_fp8
 from alibi.model.gguf_source import (
     dense_state_dict,
     gguf_provenance,
@@ -79,8 +79,8 @@ def check_formats(formats: tuple[str, ...], scale_dtype: str | None) -> tuple[st
         raise InputError(f"--format {unknown[0] if unknown else '(none)'!r} is not one of {', '.join(FORMATS)}")
     if scale_dtype is not None and W8A8_DIR not in formats:
         raise InputError(f"--scale-dtype sets the W8A8 checkpoint's weight_scale dtype, but --format asks only for "
-                         f"{', '.join(formats)}, whose weight_scale_inv is float32 as in DeepSeek-V3; drop --scale-dtype "
-                         "or add --format w8a8")
+                         f"{', '.join(formats)}, whose weight_scale_inv is float32 as in DeepSeek-V3; "
+                         "drop --scale-dtype or add --format w8a8")
     if scale_dtype is not None and scale_dtype not in SCALE_DTYPES:
         raise InputError(f"--scale-dtype {scale_dtype!r} is not one of {', '.join(SCALE_DTYPES)}")
     return tuple(f for f in FORMATS if f in formats)
@@ -150,7 +150,7 @@ def prepare_model(name: str, out: str | Path, gguf: str | Path | None = None,
                     linears, out / FP8_BLOCK_DIR if blocks else None, digests.get(FP8_BLOCK_DIR))
 
 
-def _format_params(fmt: str, ckpt, scale_dtype: str) -> dict:
+def _format_params(fmt: str, ckpt: W8A8Checkpoint | BlockFp8Checkpoint, scale_dtype: str) -> dict:
     """What a quantized checkpoint's manifest records about its format."""
     if fmt == W8A8_DIR:
         return {"format": "compressed-tensors/int-quantized", "dtype": "bfloat16",

@@ -76,9 +76,13 @@ class W8A8Linear(torch.nn.Module):
     def out_features(self) -> int:
         return self.w_q.shape[0]
 
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The activation operands the kernel takes for the rows of `x` [M, K]: int8 per token, scales [M]."""
+        return quantize_per_token(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        a_q, s_a = quantize_per_token(x.reshape(-1, self.in_features))
+        a_q, s_a = self.quantize_input(x.reshape(-1, self.in_features))
         for observe in self.observers:
             observe(self, a_q, s_a)
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
@@ -100,14 +104,9 @@ class BlockFp8Linear(W8A8Linear):
         super().__init__(name, w_q, s_w, bias, kernel)
         self.layout = layout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        a_q, s_a = quantize_fp8_groups(x.reshape(-1, self.in_features), self.layout.block_k)
-        for observe in self.observers:
-            observe(self, a_q, s_a)
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        y = self.kernel.scaled_mm(a_q, s_a, self.w_q, self.s_w, self.bias, out_dtype)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """e4m3 per 1 × block_k group of each row, scales [M, ceil(K/block_k)]."""
+        return quantize_fp8_groups(x, self.layout.block_k)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale_layout={self.layout.text}"

@@ -21,9 +21,10 @@ import torch
 
 from alibi.controls.fp8_block_schedule import identify_block_schedule, random_block_tile
 from alibi.io.typed import to_plain
-from alibi.kernels.fp8 import cublaslt_version
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.block_probe import association_probe_tile
+
+from fp8_measure import environment  # the sibling script (this folder is on sys.path when a script here runs)
 
 KERNELS = ("cublaslt-fp8-block", "vllm-triton-fp8-block", "vllm-cutlass-fp8-block", "fbgemm-fp8-block",
            "torchao-fp8-block")
@@ -50,10 +51,7 @@ def main() -> int:
         summary.write(line + "\n")
         summary.flush()
 
-    import triton
-    say("environment: " + json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                      "cuda": torch.version.cuda, "triton": triton.__version__,
-                                      "cublasLt": cublaslt_version()}))
+    say(f"environment: {json.dumps(environment())}")
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or list(SHAPES)
     kernels = {}
     for n in (n for n in args.kernels.split(",") if n):
@@ -73,8 +71,9 @@ def main() -> int:
                 continue
             doc[n] = {**to_plain(found), "ok": found.ok, "evidence": to_plain(k.evidence())}
             pr = found.probe
-            say(f"identify {n}: ok {found.ok}; probe {'matches ' + str(pr.matched) if pr.applicable else pr.reason[:160]}"
-                f" (declared {pr.declared}: {pr.declared_matches}); {time.time() - t0:.1f} s")
+            read = f"matches {pr.matched}" if pr.applicable else pr.reason[:160]
+            say(f"identify {n}: ok {found.ok}; probe {read} (declared {pr.declared}: {pr.declared_matches}); "
+                f"{time.time() - t0:.1f} s")
             for r in found.shapes:
                 say(f"identify {n} {r.M}x{r.N}x{r.K}: declared {r.declared} matches {r.declared_matches}; runs "
                     f"identical {r.run_to_run_identical}; matched {r.matched[:5]}")

