@@ -62,14 +62,15 @@ FP8 = torch.float8_e4m3fn
 FP8_SM90_SOURCES = ("sm90_fp8_api.cu", "sm90_fp8_bf16.cu", "sm90_fp8_f16.cu", "sm90_fp8_acc.cu")
 
 CUTLASS_FP8_EPILOGUE = EpilogueModel("w_then_a", "fma")
-# Where cuBLASLt's schedule was read by probe (analysis/results/h100/fp8/983cf50): the library version
+# Where cuBLASLt's schedule was read by probe (analysis/results/h100/fp8/983cf50 and 19098f8): the library version
 # (cublasLtGetVersion), and the shapes (M, N, K) at which it promoted every 128 k. Another version may choose
 # otherwise: the kernel's evidence names both versions, and `alibi identify cublaslt-fp8 --shape MxNxK` reads it.
 CUBLASLT_MEASURED = {"cublaslt_version": 130100, "gpu": "NVIDIA H100 80GB HBM3", "schedule": "promote-128",
                      "shapes": [[256, 576, 576], [256, 192, 576], [256, 1536, 576], [256, 576, 1536], [32, 576, 1536],
                                 [1, 576, 1536], [16, 256, 8192], [64, 128, 16384], [128, 1024, 4096],
                                 [32, 576, 576], [32, 192, 576], [32, 1536, 576], [16, 1536, 576], [64, 128, 4096]],
-                     "result": "analysis/results/h100/fp8/983cf50"}
+                     "result": "analysis/results/h100/fp8/983cf50 (these 14 shapes); analysis/results/h100/fp8/19098f8 "
+                               "(9 of them again, and cublaslt-fp8-tensorwise at the same 9)"}
 
 
 def cublaslt_version() -> int | None:
@@ -80,6 +81,8 @@ def cublaslt_version() -> int | None:
         except OSError:
             continue
     return None
+
+
 # torch._scaled_mm's declared epilogues (see the module docstring; verified on the GPU by
 # tests/kernels/test_fp8_gpu.py on operands that tell the models apart).
 ROWWISE_EPILOGUE = EpilogueModel("w_then_a", "add_before_cast")
