@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from alibi.conform.exercised import within_declarations
     from alibi.kernels.registry import get_kernel
 
-    arms = {k.name: treatment_of(get_kernel(k.name), k.name) for k in matrix.kernels}
+    built = {k.name: get_kernel(k.name) for k in matrix.kernels}
+    arms = {name: treatment_of(kernel, name) for name, kernel in built.items()}
     with atomic.staged_dir(args.out) as stage:
         (stage / "matrix.json").write_text(matrix.to_json(), encoding="utf-8")
         (stage / "matrix.md").write_text(to_markdown(matrix), encoding="utf-8")
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     for k in matrix.kernels:
         if k.fired:
             print(f"  {k.name}: its own check fired: {', '.join(k.fired)}")
-        if (left_out := within_declarations(source, [get_kernel(k.name)]).record.get("left_out")) is not None:
+        if (left_out := within_declarations(source, [built[k.name]]).record.get("left_out")) is not None:
             print(f"  pairs with {k.name}: {len(left_out['tiles'])} tiles left out: {left_out['because']}")
     for u in matrix.unavailable:
         print(f"  left out (not available here): {u.name}: {u.reason}")

@@ -15,6 +15,20 @@ FP8_DEFAULT = "smollm2-135m-fp8"  # an fp8 base's default tiles
 FP8_BLOCK_DEFAULT = "smollm2-135m-fp8-block"  # a block-scaled fp8 base's default tiles
 
 
+def _default_preset(base) -> str | None:
+    """The synthetic preset an fp8 base runs on without a tile source; None for an int8 base (the exposing set)."""
+    # deferred: keeps torch out of start-up
+    from alibi.tiles.tile import BLOCK_FORMAT
+
+    if BLOCK_FORMAT in base.formats:
+        # a block-scaled base: one SmolLM2 block (K of 576 and 1536: several scale blocks, a ragged last group)
+        return FP8_BLOCK_DEFAULT
+    if "int8" not in base.formats and "fp8_e4m3" in base.formats:
+        # an fp8 base: one SmolLM2 block in e4m3 (K of 576 and 1536: promotion and split-K faults are observable)
+        return FP8_DEFAULT
+    return None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mutants", help="which checks catch which deliberately faulty kernel (detection matrix)",
                        description="Run the conformance checks of a base kernel against each of its mutants "
@@ -71,20 +85,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tiles is not None:
         tiles = load_tile_dir(args.tiles)
         source = {"label": f"tiles in {args.tiles}", "kind": "tiles", "path": str(args.tiles), "n_tiles": len(tiles)}
-    elif args.synthetic is not None:
-        tiles = synthetic_tiles(args.synthetic, seed=args.seed, M=args.rows)
-        source = {"label": f"synthetic preset {args.synthetic} (seed {args.seed})", "kind": "synthetic",
-                  "preset": args.synthetic, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
-    elif "fp8_e4m3_block" in base.formats:
-        # a block-scaled base: one SmolLM2 block (K of 576 and 1536: several scale blocks, a ragged last group)
-        tiles = synthetic_tiles(FP8_BLOCK_DEFAULT, seed=args.seed, M=args.rows)
-        source = {"label": f"synthetic preset {FP8_BLOCK_DEFAULT} (seed {args.seed})", "kind": "synthetic",
-                  "preset": FP8_BLOCK_DEFAULT, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
-    elif "int8" not in base.formats and "fp8_e4m3" in base.formats:
-        # an fp8 base: one SmolLM2 block in e4m3 (K of 576 and 1536: promotion and split-K faults are observable)
-        tiles = synthetic_tiles(FP8_DEFAULT, seed=args.seed, M=args.rows)
-        source = {"label": f"synthetic preset {FP8_DEFAULT} (seed {args.seed})", "kind": "synthetic",
-                  "preset": FP8_DEFAULT, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
+    elif (preset := args.synthetic or _default_preset(base)) is not None:
+        tiles = synthetic_tiles(preset, seed=args.seed, M=args.rows)
+        source = {"label": f"synthetic preset {preset} (seed {args.seed})", "kind": "synthetic",
+                  "preset": preset, "seed": args.seed, "rows": tiles[0].M, "n_tiles": len(tiles)}
     else:
         tiles = exposing_tiles(args.seed)
         source = {"label": f"exposing set ({', '.join(EXPOSING_TILES)}; seed {args.seed})", "kind": "exposing",

@@ -241,11 +241,11 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
         run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True, wait=False)
         run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True, wait=False)
     with stage("io"):
-        own = {arm: None if run.acc is None else run.acc.to(dev) for arm, run in (("a", run_a), ("b", run_b))} \
-            if scaled else None
-        for arm, run in (("a", run_a), ("b", run_b)):
-            if want[arm] and not scaled:
-                prepared.exposed[arm] = None if run.acc is None else run.acc.to(dev)
+        exposed = {arm: None if run.acc is None else run.acc.to(dev)
+                   for arm, run in (("a", run_a), ("b", run_b)) if want[arm]}
+        own = exposed if scaled else None  # this unit's own; else kept for the tile's other units
+        if not scaled:
+            prepared.exposed.update(exposed)
         out_a, out_b = _arm_output(kernel_a, run_a.out, t), _arm_output(kernel_b, run_b.out, t)
     subsets = again = None
     if regime == "real" and invariance:

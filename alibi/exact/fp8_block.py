@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from alibi.errors import InputError
+from alibi.exact.quant import E4M3_MAX
 
-E4M3_MAX = 448.0
 GROUP_EPS = float(np.float32(1e-10))  # vLLM passes eps = 1e-10 to a float parameter: the fp32 value
 LAYOUT_KEY = "scale_layout"  # the tile metadata key naming a block-scaled layout (`BlockLayout.text`)
 _LAYOUT = re.compile(r"block:1x(\d+):(\d+)x(\d+)")

@@ -222,12 +222,14 @@ def read_source(path: str | Path, *, verify: bool = True) -> tuple[dict[str, Any
     type, so a document that contradicts itself is refused (InputError naming the file)."""
     p = Path(path)
     if verify:
-        data = verified_file(p, None, fix=SOURCE_FIX).data
+        verified = verified_file(p, None, fix=SOURCE_FIX)
+        data, sha256 = verified.data, verified.sha256
     else:
         try:
             data = p.read_bytes()
         except OSError as exc:
             raise InputError(f"{p}: cannot be read ({exc.strerror}); {SOURCE_FIX}") from None
+        sha256 = sha256_bytes(data)
     doc = jsonio.loads(data, str(p))
     if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
         raise InputError(f"{p}: not an alibi result (a JSON object naming its `schema`); {SOURCE_FIX}")
@@ -237,7 +239,7 @@ def read_source(path: str | Path, *, verify: bool = True) -> tuple[dict[str, Any
             getattr(importlib.import_module(module), name).from_dict(doc, str(p))
     if doc["schema"].startswith("alibi.conform/"):
         doc = {**doc, **conform_report_metrics(doc)}
-    return doc, {"path": str(p), "sha256": sha256_bytes(data)}
+    return doc, {"path": str(p), "sha256": sha256}
 
 
 def conform_report_metrics(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -320,11 +320,20 @@ def verify_files(path: str | os.PathLike, *, exact: bool = True) -> list[str]:
     path: a manifest file or its folder. With `exact` (the default) a file present in the folder
     but not listed also counts as a problem, so additions are caught as well as edits and deletions.
     """
-    m = read_manifest(path)
+    return subject_problems(read_manifest(path), exact=exact)
+
+
+def subject_problems(m: Manifest, *, exact: bool = True, read: Mapping[str, bytes] | None = None) -> list[str]:
+    """`verify_files` of a manifest already read. read: {subject name: bytes} the caller has already read
+    (hashed from these bytes, so a file is not read twice and what was checked is what the caller uses)."""
+    read = read or {}
     problems = []
     for s in m.subjects:
         f = m.folder / s.name
-        if not f.is_file():
+        if s.name in read:
+            if (actual := sha256_bytes(read[s.name])) != s.sha256:
+                problems.append(f"file {s.name}: sha256 is {actual}, the manifest pins {s.sha256}")
+        elif not f.is_file():
             problems.append(f"file {s.name}: listed in {m.path} but missing")
         elif (actual := sha256_file(f)) != s.sha256:
             problems.append(f"file {s.name}: sha256 is {actual}, the manifest pins {s.sha256}")
@@ -458,5 +467,5 @@ __all__ = [
     "build_predicate", "build_statement", "canonical_json", "digest_path", "digest_set", "digest_tree", "engine_treatment",
     "folder_files", "kernel_build_digest", "manifest_path", "predicate_type", "read_manifest", "resource",
     "sha256_bytes", "sha256_file", "statement_problems", "strip_timestamp", "treatment_of", "utc_now",
-    "verify_files", "write_manifest",
+    "subject_problems", "verify_files", "write_manifest",
 ]

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from alibi.errors import InputError, one_line
-from alibi.governance.manifest import MANIFEST_NAME, Manifest, read_manifest, verify_files
-from alibi.io.digests import sha256_bytes
+from alibi.governance.manifest import MANIFEST_NAME, Manifest, read_manifest, subject_problems
 from alibi.io.typed import TypedResult
 
 R = TypeVar("R", bound=TypedResult)
@@ -38,15 +37,12 @@ R = TypeVar("R", bound=TypedResult)
 @dataclass(frozen=True)
 class VerifiedFile:
     """A file of a verified result: `path` as given, `data` the bytes that matched the manifest's pin,
-    `manifest` the manifest that pins them."""
+    `sha256` that pin (the digest of `data`), `manifest` the manifest that pins them."""
 
     path: Path
     data: bytes
+    sha256: str
     manifest: Manifest
-
-    @property
-    def sha256(self) -> str:
-        return sha256_bytes(self.data)
 
     def text(self) -> str:
         try:
@@ -66,11 +62,13 @@ def covering_manifest(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def verified_manifest(path: str | os.PathLike, kinds: Collection[str] | None, *, fix: str) -> Manifest:
+def verified_manifest(path: str | os.PathLike, kinds: Collection[str] | None, *, fix: str,
+                      data: bytes | None = None) -> Manifest:
     """The manifest covering `path` (a result folder, or a file inside one) once every file it lists
     verifies, no unlisted file is there, and its kind is one of `kinds` (None: any alibi kind).
 
     fix: what to do about a refused result (appended to every error), e.g. "re-run `alibi replay greedy`".
+    data: the bytes of the file `path`, already read by the caller: checked as they are, not read again.
     InputError (exit 2) of one line naming `path` otherwise."""
     label = one_line(str(path))
     if not Path(path).exists():
@@ -81,7 +79,8 @@ def verified_manifest(path: str | os.PathLike, kinds: Collection[str] | None, *,
                          f"whole folder alibi wrote, or {fix}")
     try:
         manifest = read_manifest(found)
-        problems = verify_files(found)
+        read = {} if data is None else {Path(path).absolute().relative_to(manifest.folder).as_posix(): data}
+        problems = subject_problems(manifest, read=read)
     except InputError as exc:
         raise InputError(f"{label}: its manifest cannot be read ({exc}); {fix}") from None
     if problems:
@@ -96,24 +95,23 @@ def verified_manifest(path: str | os.PathLike, kinds: Collection[str] | None, *,
 
 def verified_file(path: str | os.PathLike, kinds: Collection[str] | None, *, fix: str) -> VerifiedFile:
     """The bytes of the file `path` once its manifest verifies (`verified_manifest`) and pins exactly
-    these bytes (read once, hashed, and returned: what was checked is what the caller parses)."""
+    these bytes (read once, hashed once, and returned: what was checked is what the caller parses)."""
     p = Path(path)
     label = one_line(str(p))
     if p.is_dir():
         raise InputError(f"{label}: is a folder; pass the result file inside it")
-    manifest = verified_manifest(p, kinds, fix=fix)
-    rel = p.absolute().relative_to(manifest.folder).as_posix()
-    pinned = {s.name: s.sha256 for s in manifest.subjects}.get(rel)
-    if pinned is None:
-        raise InputError(f"{label}: not listed in {one_line(str(manifest.path))}; {fix}")
     try:
         data = p.read_bytes()
+    except FileNotFoundError:
+        data = None  # `verified_manifest` names it
     except OSError as exc:
         raise InputError(f"{label}: cannot be read ({exc.strerror}); {fix}") from None
-    if sha256_bytes(data) != pinned:  # changed since the manifest was checked a moment ago
-        raise InputError(f"{label}: changed while it was read; its bytes are not the ones {one_line(str(manifest.path))} "
-                         f"pins: {fix}")
-    return VerifiedFile(p, data, manifest)
+    manifest = verified_manifest(p, kinds, fix=fix, data=data)
+    rel = p.absolute().relative_to(manifest.folder).as_posix()
+    pinned = {s.name: s.sha256 for s in manifest.subjects}.get(rel)
+    if pinned is None or data is None:  # e.g. the manifest itself (a listed file read as missing fails above)
+        raise InputError(f"{label}: not listed in {one_line(str(manifest.path))}; {fix}")
+    return VerifiedFile(p, data, pinned, manifest)
 
 
 def read_verified(path: str | os.PathLike, result: type[R], kinds: Collection[str] | None, *,

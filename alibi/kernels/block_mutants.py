@@ -27,6 +27,7 @@ from alibi.errors import InputError
 from alibi.exact.emulator import apply_epilogue
 from alibi.exact.fp8_block_mma import RESCALE, BlockSchedule, accumulate_blocks
 from alibi.kernels.base import Kernel
+from alibi.kernels.cpu import unit_scales
 from alibi.kernels.mutants import ALL, ScheduleMutantKernel, Severity
 from alibi.tiles.tile import BLOCK_FORMAT, Tile
 
@@ -96,9 +97,7 @@ class BlockFp8MutantKernel(ScheduleMutantKernel):
     def faulty(self, tile: Tile, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         a_q, s_a, w_q, s_w = (x.to(dev) for x in (tile.a_q, tile.s_a, tile.w_q, tile.s_w))
         acc = self._faulty_acc(a_q, s_a, w_q, s_w, tile.block_layout)
-        ones_m = torch.ones(tile.M, dtype=torch.float32, device=dev)
-        ones_n = torch.ones(tile.N, dtype=torch.float32, device=dev)
-        return acc, apply_epilogue(self.base.epilogue_at(tile.M), acc, ones_m, ones_n,
+        return acc, apply_epilogue(self.base.epilogue_at(tile.M), acc, *unit_scales(acc),
                                    None if tile.bias is None else tile.bias.to(dev), tile.out_dtype)
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor, s_a: torch.Tensor | None = None,

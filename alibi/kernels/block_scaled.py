@@ -41,7 +41,7 @@ from alibi.errors import InputError
 from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout
 from alibi.exact.fp8_block_mma import BlockSchedule, check_block_operands
 from alibi.kernels.base import Kernel, cuda_problem
-from alibi.kernels.cpu import block_epilogue
+from alibi.kernels.cpu import block_epilogue, require_layout
 from alibi.kernels.fp8 import cublaslt_version
 from alibi.tiles.tile import BLOCK_FORMAT
 
@@ -126,9 +126,7 @@ class BlockScaledKernel(Kernel):
         return None
 
     def run(self, tile, **kwargs):
-        if tile.block_layout is not None and tile.block_layout != self.layout:
-            raise InputError(f"kernel {self.name!r} takes {self.layout.text} scales; tile {tile.name!r} has "
-                             f"{tile.block_layout.text}")
+        require_layout(self.name, self.layout, tile)
         return super().run(tile, **kwargs)
 
     def checked(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
@@ -195,7 +193,6 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
         return add_bias_after_cast(out[:, :N], bias)
 
     def evidence(self) -> dict[str, Any]:
-
         ev = super().evidence()
         ev.update(backend="torch.nn.functional.scaled_mm", cublaslt_version=cublaslt_version())
         return ev

@@ -15,6 +15,7 @@ from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout
 from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks
 from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.kernels.base import TORCH_EPILOGUE, Kernel, torch_epilogue
+from alibi.tiles.tile import Tile
 
 
 class EmulatorKernel(Kernel):
@@ -89,6 +90,13 @@ def unit_scales(acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             torch.ones((*lead, N), dtype=torch.float32, device=acc.device))
 
 
+def require_layout(kernel: str, layout: BlockLayout, tile: Tile) -> None:
+    """InputError unless a block-scaled `tile` has the `layout` that `kernel` takes (a per-row tile passes)."""
+    if tile.block_layout is not None and tile.block_layout != layout:
+        raise InputError(f"kernel {kernel!r} takes {layout.text} scales; tile {tile.name!r} has "
+                         f"{tile.block_layout.text}")
+
+
 class BlockFp8EmulatorKernel(Kernel):
     """The block-scaled fp8 reference: the accumulator a declared `BlockSchedule` prescribes (the measured Hopper step
     model in fresh chains, promoted with the block scales: `alibi.exact.fp8_block_mma`), then the bias and the cast.
@@ -109,9 +117,7 @@ class BlockFp8EmulatorKernel(Kernel):
         return True, f"reference emulator of block-scaled fp8 ({self.layout.text}) on the measured sm_90 step model"
 
     def run(self, tile, **kwargs):
-        if tile.block_layout is not None and tile.block_layout != self.layout:
-            raise InputError(f"kernel {self.name!r} takes {self.layout.text} scales; tile {tile.name!r} has "
-                             f"{tile.block_layout.text}")
+        require_layout(self.name, self.layout, tile)
         return super().run(tile, **kwargs)
 
     def accumulator(self, a_q: torch.Tensor, w_q: torch.Tensor, s_a: torch.Tensor | None = None,

@@ -98,7 +98,6 @@ class FbgemmFp8BlockKernel(BlockScaledKernel):
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-
         self.checked(a_q, s_a, w_q, s_w, out_dtype)
         M, K = a_q.shape
         N = w_q.shape[0]

@@ -291,6 +291,11 @@ def resolve_kernel(kernel: str | Kernel, operands: str = "int8") -> Kernel:
     return k
 
 
+def model_device(kernel: Kernel | None, device: str | None) -> torch.device:
+    """The device a model runs on: `device` if given, else the kernel's (CPU for a dense model)."""
+    return torch.device(device) if device else (kernel.torch_device() if kernel else torch.device("cpu"))
+
+
 def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None,
                deterministic: bool = True) -> LoadedModel:
     """Load the checkpoint in `folder` (dense, compressed-tensors W8A8, or block-scaled fp8, the last two with
@@ -314,7 +319,7 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
         raise InputError(f"{folder}: is a dense checkpoint; it has no quantized Linears for kernel "
                          f"{kernel if isinstance(kernel, str) else kernel.name!r} to run (drop --kernel)")
     k = resolve_kernel(kernel, BLOCK_FORMAT if block else "int8") if quantized else None
-    dev = torch.device(device) if device else (k.torch_device() if k else torch.device("cpu"))
+    dev = model_device(k, device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda requested but torch sees no CUDA device here")
     if block:  # parsed before the model is built: a layout the kernel does not take is refused first

@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 
 from alibi.exact.numerics import dtype_name, round_to
+from alibi.tiles.out_bias_probe import output_ulp
 from alibi.tiles.tile import Tile
 
 ORDER_CANDIDATES = 32768
@@ -50,11 +51,6 @@ ROLES = (0, 1, 0, 2, 0, 3)  # column n takes role ROLES[n mod 6] (module docstri
 DECODE_M = 1
 PREFILL_M = 64
 K, N = 128, 128
-
-
-def _ulp(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    mantissa = 8 if out_dtype == torch.bfloat16 else 11
-    return torch.ldexp(torch.ones_like(x), torch.frexp(x.abs())[1] - mantissa)
 
 
 def declaration_probe(out_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch.dtype = torch.float32,
@@ -103,7 +99,7 @@ def declaration_probe(out_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch
         b[(role == 0) | small | (y.abs() * off < floor)] = 0.0
     elif bias_dtype == out_dtype:
         y = designed(bias_cand.unsqueeze(0))  # [N, candidates]
-        ulp = _ulp(y, out_dtype)
+        ulp = output_ulp(y, out_dtype)
         distance = (y - out(y)).abs() / ulp
         first, last = factors(bias_cand.unsqueeze(0))
         exact = first.to(torch.float64) * last.to(torch.float64) == y.to(torch.float64)  # then fma = add_before_cast

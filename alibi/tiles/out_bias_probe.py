@@ -45,7 +45,7 @@ def _activation_scale_base(out_dtype: torch.dtype, max_abs: int) -> float:
     return (2.0**-6 if out_dtype == torch.bfloat16 else 1.0) * (127 / max_abs) ** 2
 
 
-def _ulp(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def output_ulp(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """The output dtype's ulp at |x| (for normal x), as fp32."""
     mantissa = 8 if out_dtype == torch.bfloat16 else 11
     return torch.ldexp(torch.ones_like(x), torch.frexp(x.abs())[1] - mantissa)
@@ -91,10 +91,10 @@ def bias_probe(out_dtype: torch.dtype = torch.bfloat16, seed: int = 0, M: int = 
     target = acc[rows, cols]  # [N]: the designed element of each column
     # w_then_a in fp32 for every (column, candidate): each product rounded to fp32, as the model does.
     y = (target.unsqueeze(1) * candidates.unsqueeze(0)) * s_a[rows].unsqueeze(1)
-    distance = (y - round_to(y, out_dtype).to(torch.float32)).abs() / _ulp(y, out_dtype)
+    distance = (y - round_to(y, out_dtype).to(torch.float32)).abs() / output_ulp(y, out_dtype)
     # Keep every residual a normal number of the output dtype (float16: above 2^-14), with a margin of
     # 2^4 for the other orders and the fma, whose residuals differ from this one by a few fp32 ulps of y.
-    residual = distance * _ulp(y, out_dtype)
+    residual = distance * output_ulp(y, out_dtype)
     distance[residual < 16.0 * torch.finfo(out_dtype).tiny] = float("inf")
     best = distance.argmin(1)
     s_w = candidates[best]
@@ -119,4 +119,4 @@ def as_e4m3(tile: Tile) -> Tile:
                         name=f"{tile.name}-e4m3")
 
 
-__all__ = ["OUT_DTYPES", "as_e4m3", "bias_probe", "order_probe", "out_bias_probe_tiles"]
+__all__ = ["OUT_DTYPES", "as_e4m3", "bias_probe", "order_probe", "out_bias_probe_tiles", "output_ulp"]

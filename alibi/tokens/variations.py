@@ -66,7 +66,7 @@ from alibi.io.limits import check_count
 from alibi.io.progress import Progress
 from alibi.io.typed import TypedResult
 from alibi.kernels.registry import get_kernel
-from alibi.model.runner import load_model
+from alibi.model.runner import load_model, model_device
 from alibi.model.trace import Call, ModuleTrace, first_divergence_paired, read_trace_file, row_digests
 from alibi.tokens.setup import check_output, load_prompts, open_inputs, replay_predicate, resolve_span
 from alibi.tokens.teacher_forced import alibi_command, run_child
@@ -106,6 +106,17 @@ def batch_rows(n: int, batch: int) -> tuple[int, ...] | None:
     needles = set(list(dict.fromkeys((0, batch - 1, (batch - 1) // 2)))[: batch - n + 1])
     others = itertools.cycle(range(1, n)) if n > 1 else itertools.repeat(0)
     return tuple(0 if r in needles else next(others) for r in range(batch))
+
+
+def batch_windows(windows: Sequence[int], batch: int) -> tuple[int, ...] | None:
+    """The window of each row of one batch of `batch` rows over `windows` (`batch_rows`); None for groups."""
+    layout = batch_rows(len(windows), batch)
+    return None if layout is None else tuple(windows[i] for i in layout)
+
+
+def _needles(rows: Sequence[int]) -> tuple[int, ...]:
+    """The rows of one batch (each row's window) that hold its first row's window; empty for no rows."""
+    return tuple(r for r, w in enumerate(rows) if w == rows[0])
 
 
 @dataclass(frozen=True)
@@ -229,7 +240,7 @@ class Execution:
     @property
     def needle_rows(self) -> tuple[int, ...]:
         """Rows of this execution's single batch holding its first row's window (empty for groups)."""
-        return () if self.rows is None else tuple(r for r, w in enumerate(self.rows) if w == self.rows[0])
+        return () if self.rows is None else _needles(self.rows)
 
 
 def _record_logits(ex: Execution, logits: torch.Tensor, labels: Sequence[int], first: int, context: int) -> None:
@@ -251,10 +262,9 @@ def run_execution(lm, ids: torch.Tensor, windows: tuple[int, ...], kind: str, co
         raise ValueError(f"unknown execution {kind!r}")
     fed = ids.shape[1]
     decode = kind in ("decode", "decode-reversed")
-    layout = batch_rows(len(windows), batch) if decode else None
-    rows = None
-    if layout is not None:
-        rows = tuple(windows[i] for i in layout)[:: -1 if kind == "decode-reversed" else 1]
+    rows = batch_windows(windows, batch) if decode else None
+    if rows is not None:
+        rows = rows[:: -1 if kind == "decode-reversed" else 1]
         groups = [(tuple(range(batch)), rows)]
     else:
         order = tuple(windows)[::-1] if kind == "decode-reversed" else tuple(windows)
@@ -382,7 +392,7 @@ def _prompts_text(windows: Sequence[int]) -> str:
 
 def rows_text(rows: Sequence[int]) -> str:
     """One batch's rows in words: its first prompt's (needle) rows, and what fills the rest."""
-    needles = [r for r, w in enumerate(rows) if w == rows[0]]
+    needles = _needles(rows)
     text = f"one batch of {len(rows)} rows with prompt {rows[0]} at row{'s' if len(needles) > 1 else ''} " + \
         ", ".join(map(str, needles))
     others = [w for w in rows if w != rows[0]]
@@ -477,9 +487,7 @@ def _child_argv(model_dir: Path, prompts_dir: Path, kernel: str | None, windows:
 
 def model_device_type(kernel: str | None, device: str | None) -> str:
     """The device type the model will run on (as `load_model` chooses it), known before it loads."""
-    if device:
-        return torch.device(device).type
-    return "cpu" if kernel is None else get_kernel(kernel).torch_device().type
+    return model_device(None if kernel is None or device else get_kernel(kernel), device).type
 
 
 def resolve_request(prompts, windows: int | None, context: int | None, positions: int | None,
@@ -536,8 +544,7 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
             restarted = load_execution(path)
     lm = load_model(model_dir, kernel, device, deterministic=deterministic)
     ids = prompts.input_ids[list(span.windows), : span.fed]
-    layout = batch_rows(len(span.windows), bmax)
-    rows = () if layout is None else tuple(span.windows[i] for i in layout)
+    rows = batch_windows(span.windows, bmax) or ()
     if progress:
         progress.note(f"variations: {lm.kernel.name if lm.kernel else 'dense'} on {lm.device} ({lm.execution.label}), "
                       f"{len(span.windows)} windows, T={span.context}, P={span.positions}, batches "
@@ -547,7 +554,7 @@ def run_variations(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike,
     report = VariationsReport(kernel=lm.kernel.name if lm.kernel else None, execution=lm.execution.as_dict(),
                               device=lm.device.type, windows=span.windows, context=span.context,
                               positions=span.positions, batch_sizes=batch_sizes, chunk=chunk, large_batch=bmax,
-                              batch_rows=rows, needle_rows=tuple(r for r, w in enumerate(rows) if w == rows[0]),
+                              batch_rows=rows, needle_rows=_needles(rows) if rows else (),
                               repeats=repeats, restart_batch=bmax if restart else None,
                               variations=tuple(results), holds=all(v.holds for v in results),
                               seconds=round(time.perf_counter() - start, 3))
@@ -640,5 +647,5 @@ def summary_lines(r: VariationsReport) -> list[str]:
 
 
 __all__ = ["DEFAULT_REPEATS", "Execution", "VariationResult", "VariationsReport", "batch_rows", "batch_text",
-           "certify_variations", "compare", "default_batch_sizes", "protocol_text", "rows_text", "run_execution",
-           "run_variations", "summary_lines"]
+           "batch_windows", "certify_variations", "compare", "default_batch_sizes", "protocol_text", "rows_text",
+           "run_execution", "run_variations", "summary_lines"]

@@ -84,7 +84,7 @@ def main() -> int:
         tiles = [random_block_tile(M, N, K, seed=200 + i, activation_rows=256 if M > 1 else 1)
                  for i, (M, N, K) in enumerate(RECORD_SHAPES)] + [association_probe_tile(0)]
         for t in tiles:
-            tag = f"{t.name}"
+            tag = t.name
             tensors[f"{tag}/a_q"], tensors[f"{tag}/w_q"] = t.a_q.view(torch.uint8), t.w_q.view(torch.uint8)
             tensors[f"{tag}/s_a"], tensors[f"{tag}/s_w"] = t.s_a, t.s_w
             for n, k in kernels.items():

@@ -33,8 +33,7 @@ RECORD_SHAPES = ((1, 64, 256), (16, 96, 544), (64, 128, 1024), (128, 64, 2048))
 def environment() -> dict:
     import triton
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "triton": triton.__version__, "cublasLt": cublaslt_version(),
-            "driver": torch.cuda.get_device_properties(0).name}
+            "triton": triton.__version__, "cublasLt": cublaslt_version()}
 
 
 def main() -> int:
