@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     # deferred: keeps jinja2 and torch out of start-up
     from alibi.conform.pipeline import progress_printer, source_from_dir, source_from_preset, validate_regimes
     from alibi.html import write_report_html
+    from alibi.kernels.registry import split_kernel_names
     from alibi.tiles.synthetic import DEFAULT_PRESET
 
-    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    names = split_kernel_names(args.kernels)
     if len(names) < 2:
         raise InputError(f"--kernels {one_line(args.kernels)!r}: give at least two kernels, comma-separated")
     regimes = validate_regimes(r.strip() for r in args.scales.split(",") if r.strip())

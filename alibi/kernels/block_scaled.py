@@ -24,7 +24,10 @@ block scales with a leading dimension rounded up to 4). The GPU machine runs tor
 call has not been read yet; so this kernel pads K with zero bytes to a multiple of 4 · 128 = 512 and both scale
 tensors with groups of scale 1, which is exact (the argument above) and gives the same bits on a torch with the fix
 and without it. The cost: cuBLASLt sees K rounded up to 512, so its schedule is identified at that K (`last_run`
-names both). N is padded to whole 128-row weight blocks. Declared schedule: none yet (`accumulation = None`):
+names both). N is padded to whole 128-row weight blocks, and M to a multiple of 4: on the H200 (torch 2.11, CUDA
+13.0) cuBLASLt's heuristic answered CUBLAS_STATUS_NOT_SUPPORTED for M = 15, and torch requires the activation
+scales' strides to be (1, M), which a one-row tensor made by `.t().contiguous().t()` does not have.
+Declared schedule: none yet (`accumulation = None`):
 cuBLASLt documents neither its promotion nor its split-K, the quick H100 check of issue 35 found both shape
 dependent, and this cuBLASLt version has not been read by `alibi identify` (analysis/h200/fp8_block.sh).
 """
@@ -149,12 +152,16 @@ class BlockScaledKernel(Kernel):
 # --- cuBLASLt through torch ------------------------------------------------------------------------------
 
 SCALE_GROUP_MULTIPLE = 4  # K/128 padded to a multiple of 4 (module docstring: PyTorch PR 166752)
+ROW_MULTIPLE = 4  # M padded to a multiple of 4 (module docstring: cuBLASLt refuses other M)
 
 
 def blockwise_scale_views(s_a: torch.Tensor, s_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scale tensors as torch's blockwise recipe takes them: `s_a` [M, G] in M-major strides, `s_w` [Nb, G]
-    as the transposed view [G, Nb] of its contiguous tensor."""
-    return s_a.t().contiguous().t(), s_w.contiguous().t()
+    """The scale tensors as torch's blockwise recipe takes them: `s_a` [M, G] in M-major strides (1, M), built
+    explicitly (`.t().contiguous().t()` keeps row-major strides when M = 1, which torch refuses), `s_w` [Nb, G] as
+    the transposed view [G, Nb] of its contiguous tensor."""
+    M, G = s_a.shape
+    m_major = torch.empty_strided((M, G), (1, M), dtype=s_a.dtype, device=s_a.device).copy_(s_a)
+    return m_major, s_w.contiguous().t()
 
 
 class CublasLtFp8BlockKernel(BlockScaledKernel):
@@ -182,15 +189,16 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         self.checked(a_q, s_a, w_q, s_w, out_dtype)
         M, N = a_q.shape[0], w_q.shape[0]
-        p = pad_block_operands(a_q, s_a, w_q, s_w, self.layout, n_multiple=self.layout.block_n,
-                               k_multiple=self.layout.block_k * SCALE_GROUP_MULTIPLE)
+        p = pad_block_operands(a_q, s_a, w_q, s_w, self.layout, m_multiple=ROW_MULTIPLE,
+                               n_multiple=self.layout.block_n, k_multiple=self.layout.block_k * SCALE_GROUP_MULTIPLE)
         scale_a, scale_b = blockwise_scale_views(p.s_a, p.s_w)
         out = F.scaled_mm(p.a_q, p.w_q.t(), scale_a, F.ScalingType.BlockWise1x128, scale_b,
                           F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
         self.last_run = {"op": "torch.nn.functional.scaled_mm", "recipe": "BlockWise1x128 x BlockWise128x128",
-                         "shape": [M, N, a_q.shape[1]], "padded_shape": [M, p.w_q.shape[0], p.a_q.shape[1]],
+                         "shape": [M, N, a_q.shape[1]],
+                         "padded_shape": [p.a_q.shape[0], p.w_q.shape[0], p.a_q.shape[1]],
                          **p.record(), "bias": None if bias is None else "added after the cast"}
-        return add_bias_after_cast(out[:, :N], bias)
+        return add_bias_after_cast(out[:M, :N], bias)
 
     def evidence(self) -> dict[str, Any]:
         ev = super().evidence()

@@ -57,6 +57,19 @@ def kernel_names() -> list[str]:
     return emulators + sorted(_BUILTIN) + sorted(_EXTRA) + sorted(_plugins())
 
 
+def split_kernel_names(text: str) -> list[str]:
+    """A comma-separated list of kernel names, split only at commas outside parentheses: a block emulator's name
+    holds its promotion, `fma(sa*sw,p,acc)`, whose commas are part of the name."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            names.append(text[start:i])
+            start = i + 1
+    names.append(text[start:])
+    return [n.strip() for n in names if n.strip()]
+
+
 def _load(name: str, target: str) -> Kernel:
     module, _, attr = target.partition(":")
     try:
@@ -117,4 +130,4 @@ def _fp8_block_emulator(name: str) -> Kernel:
         raise InputError(f"unknown kernel {name!r}: {exc}") from None
 
 
-__all__ = ["get_kernel", "kernel_names", "register"]
+__all__ = ["get_kernel", "kernel_names", "register", "split_kernel_names"]

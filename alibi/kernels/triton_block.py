@@ -21,10 +21,11 @@
 * `torchao-fp8-block` — `torchao.kernel.blockwise_quantization.blockwise_fp8_gemm` (torchao 0.18.0; DeepSeek-V3's
   inference kernel, what `torchao.prototype.blockwise_fp8_inference.BlockwiseQuantLinear` calls): `a_s [M, K/128]`
   row-major, `b_s [N/128, K/128]`, and `accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]` per 128 k
-  (blockwise_quantization.py:98), the same expression as vLLM's Triton kernel: declared `block128:acc+(p*sa)*sw`
-  (uncontracted; `alibi identify` tells it from the FMA). Ragged K and N are masked by the kernel. Output bf16
-  only. Its autotuner compiles and times 48 configurations per shape; alibi offers one, `TORCHAO_CONFIG`
-  (BLOCK_SIZE_M = 128, BLOCK_SIZE_N = 128, 8 warps: a wgmma tile), recorded in `last_run`.
+  (blockwise_quantization.py:98), the same expression as vLLM's Triton kernel, which Triton's compile contracts into
+  one FMA (`enable_fp_fusion`): `block128:fma(p*sa,sw,acc)`, identified by probe on an H200 (the association probe
+  and nine shapes; every element of each random tile, `analysis/h200/fp8_block.sh`). Ragged K and N are masked by
+  the kernel. Output bf16 only. Its autotuner compiles and times 48 configurations per shape; alibi offers one,
+  `TORCHAO_CONFIG` (BLOCK_SIZE_M = 128, BLOCK_SIZE_N = 128, 8 warps: a wgmma tile), recorded in `last_run`.
 
 Both add a bias after the GEMM (`add_after_cast`), as their linear layers do (`y += self.bias` in
 BlockwiseQuantLinear.forward).
@@ -177,12 +178,13 @@ class TorchaoFp8BlockKernel(BlockScaledKernel):
     """`torchao-fp8-block`: TorchAO's `blockwise_fp8_gemm` (DeepSeek-V3's Triton kernel, 1 × 128 / 128 × 128)."""
 
     name = "torchao-fp8-block"
-    accumulation = parse_block_schedule("block128:acc+(p*sa)*sw")
+    accumulation = parse_block_schedule("block128:fma(p*sa,sw,acc)")
     declared_from = ("torchao 0.18.0 torchao/kernel/blockwise_quantization.py:98 "
-                     "(accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :])")
+                     "(accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :], the last multiply and add "
+                     "contracted to one FMA by Triton; identified on an H200)")
     out_dtypes = (torch.bfloat16,)
     description = ("TorchAO's Triton blockwise_fp8_gemm (DeepSeek-V3's inference kernel): a fresh tl.dot chain per "
-                   "128 k promoted as acc + (p*sa)*sw, bf16 output, bias added after the cast")
+                   "128 k promoted as fma(p*sa, sw, acc), bf16 output, bias added after the cast")
 
     def available(self) -> tuple[bool, str]:
         return availability(torchao.installed_version, self.cuda_problem,

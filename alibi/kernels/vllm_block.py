@@ -17,9 +17,14 @@ variable naming the file, else an installed vllm.
       accumulator = tl.zeros(...); for k: accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
 
   a fresh `tl.dot` chain per BLOCK_SIZE_K (128 unless a tuned config says 64), multiplied by the activation scale,
-  then by the weight scale (Triton evaluates left to right), then added: `acc+(p*sa)*sw`. Whether LLVM contracts
-  the last multiply and add into an FMA (`fma(p*sa,sw,acc)`) is a fact of the compile, not of the source: the
-  declaration is the uncontracted one, and `alibi identify` tells the two apart (`alibi.tiles.block_probe`).
+  then by the weight scale (Triton evaluates left to right), then added, the last multiply and add contracted by
+  Triton's compile into one FMA: `fma(p*sa,sw,acc)`, identified by probe on an H200 (the uncontracted
+  `acc+(p*sa)*sw` of the source differs on 7 to 22 elements of each random tile there). Which tensor-core
+  instruction runs is a fact of the config too: a BLOCK_SIZE_M of 64 or more compiles to `wgmma` (the step model
+  measured in docs/fp8.md), a smaller one to an f16 `mma.sync` (the fp8 operands converted to f16 first, Triton
+  3.6), whose accumulation the step model does not describe: at such shapes (vLLM's tuned H200 configs pick
+  BLOCK_SIZE_M = 16 for M up to about 128 on some DeepSeek-V3 layers) the kernel declares no schedule, so its
+  pairs there are not judged, naming the reason, and `alibi identify` says no declaration matches.
   Ragged K and N are the kernel's own business (masked loads; scale indices `k // 128`, `n // 128`): no padding.
 * `vllm-cutlass-fp8-block` — `torch.ops._C.cutlass_scaled_mm` from vLLM's op library (`ALIBI_VLLM_OPS`) with
   block scales, as `CutlassFp8BlockScaledMMKernel.apply_block_scaled_mm` calls it: `a` [M, K], `b = w.t()`,
@@ -72,9 +77,11 @@ FUNCTIONS = ("_w8a8_triton_block_scaled_mm", "get_w8a8_block_fp8_configs", "w8a8
 LAUNCHER = "w8a8_triton_block_scaled_mm"
 # sha256 of fp8_utils.py in vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl (the pinned wheel of alibi.kernels.vllm)
 KNOWN_FP8_UTILS = {"1e6929526140090b30ed20a90b0406e33aa5afbe240dc470bc7e0f6f177d51d5": "0.26.0"}
-TRITON_PROMOTION = "acc+(p*sa)*sw"  # fp8_utils.py line 836, uncontracted (module docstring)
+TRITON_PROMOTION = "fma(p*sa,sw,acc)"  # fp8_utils.py line 836, contracted by Triton (module docstring)
 CUTLASS_BLOCK = parse_block_schedule("block128:fma(sa*sw,p,acc)")
 DEFAULT_BLOCK_SIZE_K = 128  # the launcher's default config: BLOCK_SIZE_K = block_size[1]
+DEFAULT_CONFIG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_K": DEFAULT_BLOCK_SIZE_K}  # fp8_utils.py:947-955 (parts read here)
+WGMMA_MIN_BLOCK_M = 64  # a smaller BLOCK_SIZE_M compiles to mma.sync, not wgmma (module docstring)
 
 
 def locate_fp8_utils() -> vllm.VllmFile:
@@ -161,10 +168,11 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
     name = "vllm-triton-fp8-block"
     accumulation = parse_block_schedule(f"block{DEFAULT_BLOCK_SIZE_K}:{TRITON_PROMOTION}")
     declared_from = ("vllm 0.26.0 vllm/model_executor/layers/quantization/utils/fp8_utils.py:836 "
-                     "(accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]); BLOCK_SIZE_K from the launcher's "
+                     "(accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :], contracted to one FMA by Triton; "
+                     "identified on an H200); BLOCK_SIZE_K and BLOCK_SIZE_M (wgmma from 64) from the launcher's "
                      "config (fp8_utils.py:941-956)")
     description = ("vLLM's Triton w8a8_triton_block_scaled_mm (fp8_utils.py): a fresh tl.dot chain per BLOCK_SIZE_K, "
-                   "promoted as acc + (p*sa)*sw, bias added after the cast")
+                   "promoted as fma(p*sa, sw, acc), bias added after the cast")
     vllm_linear_kernels = ("TritonFp8BlockScaledMMKernel",)
 
     def vllm_file(self) -> vllm.VllmFile:
@@ -185,22 +193,24 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
     def module(self) -> types.ModuleType:
         return load_block_triton(self.vllm_file().path)
 
-    def block_size_k(self, M: int, N: int, K: int) -> int:
-        """The BLOCK_SIZE_K vLLM's launcher picks for this call: a tuned config's (configs/ beside the file, for this
-        GPU, N and K; the batch size nearest M) or the default, 128."""
+    def launch_config(self, M: int, N: int, K: int) -> dict[str, int]:
+        """The config vLLM's launcher picks for this call: a tuned one (configs/ beside the file, for this GPU, N and
+        K; the batch size nearest M), or its default."""
         try:
             configs = self.module().get_w8a8_block_fp8_configs(N, K, self.layout.block_n, self.layout.block_k)
         except KernelUnavailable:
-            return DEFAULT_BLOCK_SIZE_K
+            return dict(DEFAULT_CONFIG)
         if not configs:
-            return DEFAULT_BLOCK_SIZE_K
-        return int(configs[min(configs, key=lambda x: abs(x - M))]["BLOCK_SIZE_K"])
+            return dict(DEFAULT_CONFIG)
+        return configs[min(configs, key=lambda x: abs(x - M))]
 
-    def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule:
-        bk = self.block_size_k(M, N, K)
-        if bk == DEFAULT_BLOCK_SIZE_K:
-            return self.accumulation
-        return parse_block_schedule(f"block{bk}:{TRITON_PROMOTION}")
+    def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
+        config = self.launch_config(M, N, K)
+        if int(config["BLOCK_SIZE_M"]) < WGMMA_MIN_BLOCK_M:
+            return None  # mma.sync: no step model for it (module docstring)
+        bk = int(config["BLOCK_SIZE_K"])
+        return self.accumulation if bk == DEFAULT_BLOCK_SIZE_K else parse_block_schedule(
+            f"block{bk}:{TRITON_PROMOTION}")
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -210,7 +220,9 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
         launcher = getattr(self.module(), LAUNCHER)
         out = launcher(a_q.contiguous(), w_q.contiguous(), s_a.to(torch.float32).contiguous(),
                        s_w.to(torch.float32).contiguous(), [self.layout.block_n, self.layout.block_k], out_dtype)
-        self.last_run = {"op": LAUNCHER, "shape": [M, N, K], "block_size_k": self.block_size_k(M, N, K),
+        config = self.launch_config(M, N, K)
+        self.last_run = {"op": LAUNCHER, "shape": [M, N, K], "block_size_k": int(config["BLOCK_SIZE_K"]),
+                         "block_size_m": int(config["BLOCK_SIZE_M"]),
                          "bias": None if bias is None else "added after the cast"}
         return add_bias_after_cast(out, bias)
 

@@ -4,10 +4,13 @@ are bitwise; the block mutants are caught; block tiles are validated on their ow
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from alibi.conform.matrix import PairStatus, run_matrix
+from alibi.cli import main
+from alibi.conform.matrix import Matrix, PairStatus, run_matrix
 from alibi.conform.pipeline import Pair, run_conformance, source_from_tiles
 from alibi.controls.mutant_matrix import run_matrix as run_mutants
 from alibi.errors import InputError
@@ -98,3 +101,13 @@ def test_block_emulators_are_listed_and_a_row_kernel_refuses_a_block_tile():
         get_kernel("emulator-fp8:fast-accum:w_then_a").run(TINY[0])
     with pytest.raises(InputError, match="s_w has shape"):
         TINY[0].replace(s_w=torch.ones(3)).validate()
+
+
+def test_alibi_matrix_takes_block_emulator_names_whose_promotions_hold_commas(tmp_path):
+    """`--kernels` splits at commas outside parentheses: `fma(sa*sw,p,acc)` stays one name (on the GPU the split
+    at every comma refused the list as 'acc):add_after_cast' named twice)."""
+    out = tmp_path / "m"
+    assert main(["matrix", "--kernels", f"{DEEPGEMM},{TRITON}, {TRITON_UNFUSED}", "--synthetic", "tiny-fp8-block",
+                 "--out", str(out), "--quiet"]) == 0
+    kernels = {k.name for k in Matrix.from_dict(json.loads((out / "matrix.json").read_text())).kernels}
+    assert kernels == {DEEPGEMM, TRITON, TRITON_UNFUSED}

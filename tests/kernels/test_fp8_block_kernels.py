@@ -157,19 +157,22 @@ def test_vllms_triton_block_gemm_scales_each_group_and_weight_block_where_the_fo
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_a_tuned_config_sets_the_declared_promotion_interval(fp8_utils, tmp_path, monkeypatch):
+def test_a_tuned_config_sets_the_declared_promotion_interval_and_a_16_row_block_declares_none(fp8_utils, tmp_path,
+                                                                                              monkeypatch):
     copy = tmp_path / "fp8_utils.py"
     copy.write_bytes(fp8_utils.read_bytes())
     (tmp_path / "configs").mkdir()
     name = "N=512,K=1024,device_name=,dtype=fp8_w8a8,block_shape=[128,128].json"  # no CUDA device: the empty name
     config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
               "num_stages": 3}
-    (tmp_path / "configs" / name).write_text(json.dumps({"1": config, "64": {**config, "BLOCK_SIZE_K": 128}}))
+    (tmp_path / "configs" / name).write_text(json.dumps({"1": config, "64": {**config, "BLOCK_SIZE_K": 128},
+                                                         "256": {**config, "BLOCK_SIZE_M": 16}}))
     monkeypatch.setenv(vllm_block.ENV_FP8_UTILS, str(copy))
     kernel = get_kernel("vllm-triton-fp8-block")
-    assert kernel.schedule_at(2, 512, 1024).label == "block64:acc+(p*sa)*sw"
-    assert kernel.schedule_at(60, 512, 1024).label == "block128:acc+(p*sa)*sw"
+    assert kernel.schedule_at(2, 512, 1024).label == "block64:fma(p*sa,sw,acc)"
+    assert kernel.schedule_at(60, 512, 1024).label == "block128:fma(p*sa,sw,acc)"
     assert kernel.schedule_at(2, 576, 1024) == kernel.accumulation  # no config for this N: the default
+    assert kernel.schedule_at(250, 512, 1024) is None  # BLOCK_SIZE_M = 16: mma.sync, no step model declared
 
 
 # --- on the GPU: each kernel is its declaration --------------------------------------------------------------
@@ -195,7 +198,7 @@ def test_each_block_kernel_equals_the_emulator_under_its_declared_schedule_bit_f
         pytest.skip(reason)
     M, N, K = shape
     if kernel.schedule_at(M, N, K) is None:
-        pytest.skip(f"{name} declares no block schedule yet ({kernel.declared_from})")
+        pytest.skip(f"{name} declares no block schedule at {M}x{N}x{K} ({kernel.declared_from})")
     for seed, dtype in enumerate(kernel.out_dtypes):
         tile = random_block_tile(M, N, K, seed, dtype, activation_rows=kernel.activation_rows)
         g = torch.Generator().manual_seed(seed)
