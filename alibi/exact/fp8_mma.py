@@ -41,8 +41,8 @@ import torch
 
 from alibi.errors import InputError
 
-Cut = Literal["toward_zero", "toward_minus_inf"]
-CUTS: tuple[str, ...] = ("toward_zero", "toward_minus_inf")
+Cut = Literal["toward_zero", "toward_minus_inf", "nearest"]
+CUTS: tuple[str, ...] = ("toward_zero", "toward_minus_inf", "nearest")  # nearest: ties to even
 ZERO_EXPONENT = -126  # a zero term's exponent: fp32's smallest normal exponent, below any nonzero fp8 product's
 CANONICAL_NAN = 0x7FFFFFFF
 
@@ -128,6 +128,8 @@ def fp32_exponent(c: torch.Tensor) -> torch.Tensor:
 # --- one step ---------------------------------------------------------------------------------------------
 
 def _cut(x: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "nearest":
+        return torch.round(x)  # half to even
     return torch.trunc(x) if how == "toward_zero" else torch.floor(x)
 
 
