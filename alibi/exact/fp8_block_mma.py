@@ -13,7 +13,7 @@ Kernels differ in the promotion's association and in whether it is fused:
 | `fma(p*sa,sw,acc)` | `fma(RN(p·sa), sw, acc)` | vLLM's Triton `w8a8_triton_block_scaled_mm` (`acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]`) when LLVM contracts the last multiply-add (Triton's default `enable_fp_fusion`); CUTLASS's dual-scale `scale_core(scaleA, scaleB)` |
 | `acc+(p*sa)*sw` | `RN(acc + RN(RN(p·sa)·sw))` | the same, uncontracted |
 | `fma(p*sw,sa,acc)`, `acc+(p*sw)*sa` | the weight scale first | kept as candidates (cuBLASLt's association is undocumented) |
-| `rescale` | one chain over all of K; at the end of scale block b the chain is multiplied in place, `c = RN(c · RN(s_b / s_{b+1}))` with `s_b = RN(sa_b·sw_b)`, and by `s_last` after the last | FBGEMM's default fast-accumulation `matmul_fp8_block` |
+| `rescale` | one chain over all of K; at the end of scale block b the chain is multiplied in place, `c = RN(c · D(s_b, s_{b+1}))` with `s_b = RN(sa_b·sw_b)` and `D` Triton's fp32 division (`div.full.f32`, not correctly rounded: `alibi.exact.triton_division`, measured), and by `s_last` after the last | FBGEMM's default fast-accumulation `matmul_fp8_block` (Triton) |
 
 `BlockSchedule` declares the rest: `chain_k` (products per fresh chain: the promotion interval; a chain is promoted
 with the scales of the block that holds its last product, so a chain spanning two scale blocks is a fault),
@@ -40,6 +40,7 @@ from alibi.errors import InputError
 from alibi.exact.emulator import fma_f32
 from alibi.exact.fp8_block import BlockLayout
 from alibi.exact.fp8_mma import WGMMA_FP8, Fp8Operand, SplitK, StepModel, decode, products, step
+from alibi.exact.triton_division import triton_divide
 
 First = Literal["sa*sw", "p*sa", "p*sw"]
 PROMOTIONS: dict[str, tuple[str, bool]] = {  # text → (the product rounded first, fused into an FMA)
@@ -99,8 +100,8 @@ class BlockSchedule:
 
     def describe(self) -> str:
         if self.promotion == RESCALE:
-            how = (f"one chain of {self.step.name} steps over K, multiplied in fp32 by RN(s_b / s_b+1) at the end of "
-                   "each scale block (s_b = RN(sa·sw) of block b; by s_b after the last)")
+            how = (f"one chain of {self.step.name} steps over K, multiplied in fp32 by s_b / s_b+1 (Triton's "
+                   "div.full.f32) at the end of each scale block (s_b = RN(sa·sw) of block b; by s_b after the last)")
         else:
             first, fused = PROMOTIONS[self.promotion]
             how = (f"a fresh chain of {self.step.name} steps every {self.chain_k} k, promoted into fp32 as "
@@ -247,7 +248,7 @@ def _scheduled(schedule: BlockSchedule, a: Fp8Operand, w: Fp8Operand, K: int, Kp
             s = s_a * s_w
             if b0 + bk < K:
                 n_a, n_w = scales(b0 // bk + 1)
-                s = s / (n_a * n_w)
+                s = triton_divide(s, n_a * n_w)  # Triton's fp32 `/`, as the kernel divides (module docstring)
             chain = chain * s
         return chain
     span = schedule.chain_k

@@ -27,14 +27,17 @@ and without it. The cost: cuBLASLt sees K rounded up to 512, so its schedule is 
 names both). N is padded to whole 128-row weight blocks, and M to a multiple of 4: on the H200 (torch 2.11, CUDA
 13.0) cuBLASLt's heuristic answered CUBLAS_STATUS_NOT_SUPPORTED for M = 15, and torch requires the activation
 scales' strides to be (1, M), which a one-row tensor made by `.t().contiguous().t()` does not have.
-Declared schedule: `block128:fma(sa*sw,p,acc)` (a fresh chain per 128-k block, promoted as one FMA with the
-product of the two scales: CUTLASS's and DeepGEMM's association), at the padded K, no split-K. cuBLASLt documents
-neither; the declaration is read from its output bits on the H200 (cuBLASLt 130100, torch 2.11.0+cu130): of every
-promotion of `alibi.exact.fp8_block_mma`, with and without the block order reversed and K split in 2, 3, 4 or 8
-parts, it is the one that reproduces every output element of all three recorded random tiles that ran (16 × 192 ×
-576, 256 × 128 × 384, 64 × 256 × 1024; `tests/fixtures/fp8-block-recorded/`). cuBLASLt picks its algorithm per
-shape, so `alibi identify` checks the declaration shape by shape (`analysis/h200/fp8_block.sh`); a shape where
-another schedule runs is a finding to declare, not to assume away.
+Declared schedule, a per-shape fact read from cuBLASLt's output bits (it documents neither its promotion nor its
+split-K), cuBLASLt 130100 with torch 2.11.0+cu130:
+
+- up to a padded K of 2048 (`SHORT_K`): `block128:fma(sa*sw,p,acc)` (a fresh chain per 128-k block promoted as one
+  FMA with the product of the two scales, CUTLASS's and DeepGEMM's association), no split: every element of the
+  association probe and of a random tile at each of 13 shapes on an H100 (M 1…256, N 192…7168) and of three
+  recorded tiles on an H200 (`tests/fixtures/fp8-block-recorded/`);
+- beyond, cuBLASLt's heuristic changes kernel with the shape: on the H100 at K = 7168 it ran the same promotion
+  without a split at some shapes, split K in two at others (`:split-2`, deterministic: two runs identical), and
+  at M ≤ 8 a kernel whose association the candidates do not pin down. `IDENTIFIED_LONG_K` declares the shapes
+  where one candidate was left; every other long-K shape declares none, so its pairs are not judged, saying why.
 """
 
 from __future__ import annotations
@@ -169,14 +172,43 @@ def blockwise_scale_views(s_a: torch.Tensor, s_w: torch.Tensor) -> tuple[torch.T
     return m_major, s_w.contiguous().t()
 
 
+SHORT_K = 2048  # padded K up to which cuBLASLt ran block128:fma(sa*sw,p,acc) at every shape read (module docstring)
+# Longer K: what `alibi identify` read per shape on an H100 (cuBLASLt 130100; analysis/results/h100/fp8-block/b1d8bb0),
+# keyed by the GPU and the shape cuBLASLt saw (M, N, K padded), where exactly one candidate reproduced every element.
+# Shapes read there with more than one candidate left (M = 1 at N = 256, 576 and 2048, 4 × 2048, 8 × 576 and 64 × 256,
+# all at K = 7168) and shapes not read are not declared: their pairs are not judged, saying so.
+IDENTIFIED_LONG_K = {
+    ("NVIDIA H100 80GB HBM3", 16, 2048, 7168): "block128:fma(sa*sw,p,acc):split-2",
+    ("NVIDIA H100 80GB HBM3", 32, 640, 7168): "block128:fma(sa*sw,p,acc):split-2",
+    ("NVIDIA H100 80GB HBM3", 64, 2048, 7168): "block128:fma(sa*sw,p,acc)",
+    ("NVIDIA H100 80GB HBM3", 128, 256, 7168): "block128:fma(sa*sw,p,acc)",
+    ("NVIDIA H100 80GB HBM3", 128, 640, 7168): "block128:fma(sa*sw,p,acc):split-2",
+    ("NVIDIA H100 80GB HBM3", 256, 640, 7168): "block128:fma(sa*sw,p,acc)",
+}
+
+
 class CublasLtFp8BlockKernel(BlockScaledKernel):
     """`cublaslt-fp8-block`: torch's blockwise recipe (cuBLASLt), 1 × 128 activations and 128 × 128 weights."""
 
     name = "cublaslt-fp8-block"
     accumulation = parse_block_schedule("block128:fma(sa*sw,p,acc)")
-    declared_from = ("read from cuBLASLt 130100's output bits on an H200 (three recorded random tiles, every "
-                     "promotion, block order and split tried; module docstring): cuBLASLt documents neither its "
-                     "promotion association nor its split-K")
+    declared_from = ("read from cuBLASLt 130100's output bits by `alibi identify` on an H200 and an H100 (module "
+                     "docstring): block128:fma(sa*sw,p,acc) up to a padded K of 2048; beyond, per shape where "
+                     "identified (IDENTIFIED_LONG_K: split-2 at some), none elsewhere. cuBLASLt documents neither "
+                     "its promotion association nor its split-K")
+
+    def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
+        """The declaration at the shape cuBLASLt sees (M, N and K padded as `scaled_mm` pads them)."""
+        Mp, Np = -(-M // ROW_MULTIPLE) * ROW_MULTIPLE, -(-N // self.layout.block_n) * self.layout.block_n
+        step = self.layout.block_k * SCALE_GROUP_MULTIPLE
+        Kp = -(-K // step) * step
+        if Kp <= SHORT_K:
+            return self.accumulation
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        label = IDENTIFIED_LONG_K.get((gpu, Mp, Np, Kp))
+        if label is None or (":split" in label and Kp != K):  # a split of the padded K is not one of the tile's
+            return None
+        return parse_block_schedule(label)
     description = ("torch.nn.functional.scaled_mm, BlockWise1x128 activations and BlockWise128x128 weights "
                    "(cuBLASLt), K padded to 512, bias added after the cast")
 

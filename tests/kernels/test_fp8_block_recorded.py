@@ -1,5 +1,6 @@
-"""Each block kernel's declared schedule reproduces its recorded H200 output bits (tests/fixtures/fp8-block-recorded,
-README there), on the CPU: a change to the block model, the step model or a declaration that breaks a measured
+"""Each block kernel's declared schedule reproduces its recorded H200 and H100 output bits
+(tests/fixtures/fp8-block-recorded, README there), on the CPU, FBGEMM's through the measured model of Triton's
+division: a change to the block model, the step model, the division table or a declaration that breaks a measured
 prediction fails here, with no GPU."""
 
 from __future__ import annotations
@@ -16,36 +17,32 @@ from alibi.exact.fp8_block_mma import accumulate_blocks
 from alibi.kernels.cpu import unit_scales
 from alibi.kernels.registry import get_kernel
 
-RECORDED = Path(__file__).parent.parent / "fixtures" / "fp8-block-recorded" / "recorded.safetensors"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "fp8-block-recorded"
+RECORDED = (FIXTURES / "recorded-h200.safetensors", FIXTURES / "recorded-h100.safetensors")
 KERNELS = ("cublaslt-fp8-block", "vllm-triton-fp8-block", "vllm-cutlass-fp8-block", "torchao-fp8-block",
            "fbgemm-fp8-block")
-# FBGEMM divides its scales with Triton's fp32 `/` (div.full.f32, not correctly rounded); the declared rescale uses
-# the correctly rounded quotient, which these tiles show is not what ran
-DIVISION = {("fbgemm-fp8-block", "random-fp8-block-64x256x1024-202"),
-            ("fbgemm-fp8-block", "random-fp8-block-256x128x384-203")}
 
 
-def recorded_outputs() -> list[tuple[str, str]]:
-    with safe_open(str(RECORDED), "pt") as f:
+def recorded_outputs(path: Path) -> list[tuple[str, str]]:
+    with safe_open(str(path), "pt") as f:
         keys = set(f.keys())
     tiles = sorted({k.split("/")[0] for k in keys})
     return [(tile, k) for tile in tiles for k in KERNELS if f"{tile}/{k}/out" in keys]
 
 
-CASES = [pytest.param(k, tile, id=f"{k}-{tile}",
-                      marks=[pytest.mark.xfail(strict=True, reason="Triton's approximate division, not modelled")]
-                      if (k, tile) in DIVISION else [])
-         for tile, k in recorded_outputs()]
+CASES = [pytest.param(path, k, tile, id=f"{path.stem}-{k}-{tile}")
+         for path in RECORDED for tile, k in recorded_outputs(path)]
 
 
-def test_the_fixture_holds_every_kernel_and_the_probe():
-    assert {k for _, k in recorded_outputs()} == set(KERNELS)
-    assert len(CASES) == 22
+def test_the_fixtures_hold_every_kernel_and_the_probe():
+    for path in RECORDED:
+        assert {k for _, k in recorded_outputs(path)} == set(KERNELS)
+    assert len(CASES) == 22 + 24
 
 
-@pytest.mark.parametrize(("name", "tile"), CASES)
-def test_each_declared_block_schedule_reproduces_the_recorded_h200_bits(name, tile):
-    with safe_open(str(RECORDED), "pt") as f:
+@pytest.mark.parametrize(("path", "name", "tile"), CASES)
+def test_each_declared_block_schedule_reproduces_the_recorded_gpu_bits(path, name, tile):
+    with safe_open(str(path), "pt") as f:
         a_q, w_q = (f.get_tensor(f"{tile}/{x}").view(torch.float8_e4m3fn) for x in ("a_q", "w_q"))
         s_a, s_w, out = f.get_tensor(f"{tile}/s_a"), f.get_tensor(f"{tile}/s_w"), f.get_tensor(f"{tile}/{name}/out")
     kernel = get_kernel(name)
