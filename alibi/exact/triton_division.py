@@ -1,7 +1,7 @@
 """Triton's fp32 division on sm_90, bit for bit: what FBGEMM's block kernel divides its scales with.
 
 Triton lowers `x / y` on fp32 to PTX `div.full.f32`, a fast division that is not correctly rounded (PTX ISA: at
-most 2 ulp from the true quotient), not to `div.rn.f32`. Measured on an H200 (`analysis/h200/fp8_block_measure.py`,
+most 2 ulp from the true quotient), not to `div.rn.f32`. Measured on an H100 (`analysis/h200/fp8_block_measure.py`,
 part `division`; `alibi/exact/data/README.md`): Triton's `1 / y` for every significand of [1, 2) is stored as its
 offset in ulps from the correctly rounded reciprocal (`RECIPROCAL_TABLE`, int8, 2^23 entries); the reciprocal of
 any normal `y` is that of its significand scaled by `2^-e` (checked at every exponent scales take), and `x / y` is
@@ -24,9 +24,11 @@ EXPONENT_RANGE = (-100, 100)  # unbiased exponents of y the model covers (scales
 
 
 @functools.cache
-def _offsets() -> torch.Tensor:
+def _offsets(device: str) -> torch.Tensor:
+    """The table (int8) on `device`, read and moved once per device: the rescaled chain divides once per scale
+    block."""
     with np.load(RECIPROCAL_TABLE) as data:
-        return torch.from_numpy(data["reciprocal_offset_ulps"].astype(np.int32))
+        return torch.from_numpy(data["reciprocal_offset_ulps"]).to(device)
 
 
 def triton_reciprocal(y: torch.Tensor) -> torch.Tensor:
@@ -37,10 +39,10 @@ def triton_reciprocal(y: torch.Tensor) -> torch.Tensor:
     if bool(((exponent < EXPONENT_RANGE[0]) | (exponent > EXPONENT_RANGE[1]) | ~torch.isfinite(y)).any()):
         raise InputError("Triton's division is modelled for normal divisors with exponents in "
                          f"[{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}]: a scale outside that range is not a scale")
-    significand = ((bits & 0x7FFFFF) | 0x3F800000).view(torch.float32)  # y's significand, in [1, 2)
+    fraction = bits & 0x7FFFFF
+    significand = (fraction | 0x3F800000).view(torch.float32)  # y's significand, in [1, 2)
     exact = torch.ones_like(significand) / significand  # correctly rounded on every device torch runs on
-    table = _offsets().to(y.device)
-    rcp = (exact.view(torch.int32) + table[(bits & 0x7FFFFF).long()]).view(torch.float32)
+    rcp = (exact.view(torch.int32) + _offsets(str(y.device))[fraction.long()].to(torch.int32)).view(torch.float32)
     scale = ((127 - exponent) << 23).view(torch.float32)  # 2^-e, exact in this range
     return torch.copysign(rcp * scale, y)
 

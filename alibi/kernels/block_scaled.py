@@ -196,6 +196,8 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
                      "docstring): block128:fma(sa*sw,p,acc) up to a padded K of 2048; beyond, per shape where "
                      "identified (IDENTIFIED_LONG_K: split-2 at some), none elsewhere. cuBLASLt documents neither "
                      "its promotion association nor its split-K")
+    description = ("torch.nn.functional.scaled_mm, BlockWise1x128 activations and BlockWise128x128 weights "
+                   "(cuBLASLt), K padded to 512, bias added after the cast")
 
     def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
         """The declaration at the shape cuBLASLt sees (M, N and K padded as `scaled_mm` pads them)."""
@@ -209,8 +211,6 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
         if label is None or (":split" in label and Kp != K):  # a split of the padded K is not one of the tile's
             return None
         return parse_block_schedule(label)
-    description = ("torch.nn.functional.scaled_mm, BlockWise1x128 activations and BlockWise128x128 weights "
-                   "(cuBLASLt), K padded to 512, bias added after the cast")
 
     def available(self) -> tuple[bool, str]:
         problem = self.cuda_problem()
