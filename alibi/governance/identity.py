@@ -10,7 +10,9 @@ two manifests field by field and fails closed on
 - any covered file whose bytes no longer match its digest, or that is missing or unlisted,
 - missing kernel evidence (`treatment.kernel`, `.kernel_build_digest`, `.epilogue_model`), without
   which a difference could not be attributed to a kernel at all. An arm that ran inside an engine
-  may instead carry the engine's kernel-selection log (`treatment.kernel_log`, with `kernel` null).
+  may instead carry the engine's kernel-selection log (`treatment.kernel_log`): the log names what
+  ran, whether `kernel` is null (no alibi kernel models it) or names a kernel that declares no epilogue
+  model on this machine (vLLM's oneDNN GEMM on an op library nobody measured).
 
 Excluded from the comparison are exactly: the timestamp `predicate.run.created_at`, the declared
 treatment fields, and the subjects' digests — the covered files are the arms' *outputs*, which
@@ -166,7 +168,7 @@ def _kernel_evidence_problems(statement: Mapping[str, Any]) -> list[str]:
         if not isinstance(holder, Mapping):
             problems.append(f"field {where} is missing: kernel evidence is required to attribute a difference")
             continue
-        if holder.get("kernel") is None and _logged_selections(holder.get("kernel_log")):
+        if _logged_selections(holder.get("kernel_log")):
             continue  # an engine arm (vLLM): its own kernel-selection log names the kernel that ran
         for key in KERNEL_EVIDENCE:
             if holder.get(key) in (None, "", {}):

@@ -16,7 +16,7 @@ from alibi.governance.kernel_log import (
     parse_kernel_log,
     read_kernel_log,
 )
-from alibi.governance.manifest import build_predicate, engine_treatment, treatment_of, write_manifest
+from alibi.governance.manifest import Treatment, build_predicate, engine_treatment, treatment_of, write_manifest
 from alibi.kernels import vllm as V
 from alibi.kernels.registry import get_kernel
 
@@ -109,6 +109,24 @@ def test_an_engine_arm_without_a_log_still_lacks_kernel_evidence(tmp_path):
     (tmp_path / "b" / "manifest.json").write_text(json.dumps(statement))
     problems = compare_manifests(tmp_path / "a", tmp_path / "b").problems
     assert any("predicate.treatment.kernel is missing" in p for p in problems)
+
+
+def test_an_engine_arm_whose_kernel_declares_no_model_on_this_cpu_is_evidenced_by_its_log(tmp_path):
+    """vLLM's oneDNN GEMM declares no epilogue on an op library nobody measured (`_C_AVX512`): the arm names the
+    kernel, its log names the vLLM class that ran, and the pair joins; without the log the missing model is named."""
+    log = parse_kernel_log(TRITON_LOG.encode(), "t.log")
+    arms = {"a": Treatment(arm="a", kernel="vllm-cpu-onednn", kernel_build_digest="1" * 64, epilogue_model=None,
+                           kernel_log=log),
+            "b": treatment_of(get_kernel("emulator:a_then_w"), "b", kernel_log=log)}
+    for name, treatment in arms.items():
+        (tmp_path / name).mkdir()
+        write_manifest(tmp_path / name, "replay", build_predicate(treatment=treatment))
+    assert compare_manifests(tmp_path / "a", tmp_path / "b").verified
+    statement = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    del statement["predicate"]["treatment"]["kernel_log"]
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(statement))
+    problems = compare_manifests(tmp_path / "a", tmp_path / "b").problems
+    assert any("predicate.treatment.epilogue_model is missing" in p for p in problems)
 
 
 def test_a_manifest_without_a_kernel_log_has_no_kernel_log_field():
