@@ -1,4 +1,5 @@
-"""`alibi bench`: throughput of the GPU kernels side by side (TOPS and ratios), written to JSON."""
+"""`alibi bench`: throughput of the GPU kernels side by side (TOPS and ratios), of the conformance pipeline
+(`bench conform`) and of the model runner (`bench runner`), written to JSON."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("alibi-bench.json"), help="JSON report (default ./alibi-bench.json)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
-    what = p.add_subparsers(dest="bench_what", metavar="conform", required=False)
+    what = p.add_subparsers(dest="bench_what", metavar="conform|runner", required=False)
     c = what.add_parser("conform", help="time the conformance pipeline itself, split by stage",
                         description="Run `alibi conform`'s pipeline in one process: once to warm up, then REPEATS "
                                     "plain runs (the wall time and throughput reported) and REPEATS staged runs "
@@ -49,6 +50,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", type=Path, default=Path("alibi-bench-conform.json"), help="JSON result")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=run_conform)
+    r = what.add_parser("runner", help="time the model runner: prefill and decode steps, eager and CUDA graphs",
+                        description="Load the model once per execution mode and time greedy decoding on the same token "
+                                    "ids: the prefill, and a decode step eagerly and (on CUDA) replaying CUDA graphs, "
+                                    "whose tokens and logit bits are checked against eager's first. What a greedy "
+                                    "study or `alibi variations` will cost, before running it.")
+    r.add_argument("--model", type=Path, required=True, help="checkpoint folder")
+    r.add_argument("--kernel", help="the kernel of the quantized Linears (none for a dense checkpoint)")
+    r.add_argument("--device", help="device for the model (default: the kernel's)")
+    r.add_argument("--prompts", type=Path, help="prompt set whose windows fill the batch, repeated in order (default: "
+                   "token ids drawn from the vocabulary with a fixed seed)")
+    r.add_argument("--batch", type=int, default=64, help="prompts per batch (default 64)")
+    r.add_argument("--prompt-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    r.add_argument("--new-tokens", type=int, default=32, help="decode steps timed per call (default 32, at least 2)")
+    r.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (default 3; medians reported)")
+    r.add_argument("--modes", default="deterministic,native",
+                   help="execution modes, comma-separated: deterministic, native (default both)")
+    r.add_argument("--out", type=Path, default=Path("alibi-bench-runner.json"), help="JSON result")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=run_runner)
+
+
+def run_runner(args: argparse.Namespace) -> int:
+    # deferred: keeps torch out of start-up
+    from alibi.model.runner_bench import MODES, bench_runner, format_table
+
+    for flag, value, least in (("--batch", args.batch, 1), ("--prompt-tokens", args.prompt_tokens, 1),
+                               ("--new-tokens", args.new_tokens, 2), ("--repeats", args.repeats, 1)):
+        if value < least:
+            raise InputError(f"{flag} must be at least {least}, got {value}")
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = sorted(set(modes) - set(MODES))
+    if bad or not modes:
+        raise InputError(f"--modes {args.modes!r}: expected deterministic, native or both, comma-separated")
+    atomic.refuse_overlap(args.out, {"--model": args.model, "--prompts": args.prompts}, what="the bench result")
+    atomic.check_writable_dir(args.out.parent)
+    if args.out.is_dir():
+        raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
+    say = None if args.quiet else (lambda line: print(f"  {line}", file=sys.stderr))
+    result = bench_runner(args.model, args.kernel, device=args.device, prompts=args.prompts, batch=args.batch,
+                          prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
+                          modes=modes, progress=say)
+    atomic.write_text(args.out, result.to_json())
+    print(format_table(result))
+    print(f"  wrote {args.out}")
+    return 1 if result.graphs_change_bits else 0
 
 
 def run_conform(args: argparse.Namespace) -> int:

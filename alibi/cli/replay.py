@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     gr.add_argument("--run-index", type=int, default=1, help="with --kernel: which run of the arm this is")
     gr.add_argument("--trace", action="store_true", help="also write trace.pt per run: every module's output "
                     "digests, for `alibi locate RUN_A RUN_B`")
+    gr.add_argument("--cuda-graphs", action="store_true",
+                    help="decode by replaying one CUDA graph per batch size and cache bucket (the same tokens and "
+                         "logit bits as eager decoding in the deterministic runner; recorded in the manifest; a kernel "
+                         "that cannot be captured decodes eagerly, named there)")
     gr.add_argument("--engine", choices=("own", "vllm"), default="own",
                     help="vllm: every run a cold start of a real vLLM engine (--kernel-a vllm is vLLM's own kernel; an "
                          "alibi kernel name is swapped in by alibi's plugin)")
@@ -163,7 +167,8 @@ def greedy(args: argparse.Namespace) -> int:
                                    kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
                                    new_tokens=args.new_tokens, windows=args.windows, batch_size=args.batch_size,
                                    runs=args.runs, device=args.device, overwrite=args.overwrite, quiet=args.quiet,
-                                   deterministic=not args.nondeterministic, trace=args.trace)
+                                   deterministic=not args.nondeterministic, trace=args.trace,
+                                   cuda_graphs=args.cuda_graphs)
         if isinstance(result, int):
             return result
         for line in lib.summary_lines(result):
@@ -177,7 +182,7 @@ def greedy(args: argparse.Namespace) -> int:
                              run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              windows=args.windows, batch_size=args.batch_size, device=args.device,
                              overwrite=args.overwrite, progress=progress("greedy", quiet=args.quiet, unit="prompt"),
-                             deterministic=not args.nondeterministic, trace=args.trace)
+                             deterministic=not args.nondeterministic, trace=args.trace, cuda_graphs=args.cuda_graphs)
     print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
           f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
     return 0
@@ -188,9 +193,10 @@ def _greedy_vllm(args: argparse.Namespace) -> int:
     from alibi.engine.vllm_runs import greedy_agreement_with_vllm
     from alibi.tokens.greedy import summary_lines
 
-    if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1:
-        raise InputError("--device, --nondeterministic, --trace and --batch-size configure the own runner; --engine "
-                         "vllm runs vLLM as it is (it batches the prompts itself)")
+    if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1 \
+            or args.cuda_graphs:
+        raise InputError("--device, --nondeterministic, --trace, --batch-size and --cuda-graphs configure the own "
+                         "runner; --engine vllm runs vLLM as it is (it batches the prompts itself)")
     result = greedy_agreement_with_vllm(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
                                         kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,
                                         new_tokens=args.new_tokens, windows=args.windows, runs=args.runs,

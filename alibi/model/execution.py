@@ -52,7 +52,9 @@ class ExecutionMode:
     implementation (`alibi_invariant` or transformers' `sdpa`); norms and dense_linears: how the
     RMSNorms and the non-quantized Linears compute (`tree` / `row-block:N`, N rows per GEMM, or `native`);
     deterministic_algorithms: `torch.use_deterministic_algorithms` was on; cublas_workspace: the
-    `CUBLAS_WORKSPACE_CONFIG` in force (None when unset)."""
+    `CUBLAS_WORKSPACE_CONFIG` in force (None when unset); decode: how greedy decoding runs, `eager` or
+    `cuda-graphs` (`alibi.model.decode_graphs`); graphs_refused: why CUDA graphs were asked for and not used
+    (a kernel that cannot be captured, named with the error), None otherwise."""
 
     deterministic: bool
     attention: str
@@ -60,6 +62,8 @@ class ExecutionMode:
     dense_linears: str
     deterministic_algorithms: bool
     cublas_workspace: str | None
+    decode: str = "eager"
+    graphs_refused: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,8 +96,12 @@ def invariant_attention_forward(module, query, key, value, attention_mask, dropo
     if dropout:
         raise InputError("the deterministic runner does not apply attention dropout (the model is in training mode?)")
     length = key.shape[2]
+    if attention_mask is None and 1 < query.shape[2] < length:
+        # transformers passes no mask for a prefill into an empty static cache and means SDPA's `is_causal`,
+        # aligned to the first key: the keys past the queries are empty slots, which no row may see
+        key, value, length = key[:, :, :query.shape[2]], value[:, :, :query.shape[2]], query.shape[2]
     if attention_mask is None:
-        allowed = None  # the causal mask aligned to the last query
+        allowed = None  # the causal mask aligned to the last query (= the first: as many keys as queries, or one query)
     elif attention_mask.dtype == torch.bool:
         allowed = attention_mask[..., :length]
     else:
@@ -107,7 +115,9 @@ def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
-def _set_library_flags(deterministic: bool) -> tuple[bool, str | None]:
+def set_library_flags(deterministic: bool) -> tuple[bool, str | None]:
+    """Set the process-wide torch flags of the deterministic mode or the native one (a model loaded in the other
+    mode runs under them: a process that runs both sets them again before each); returns what torch reports."""
     if deterministic:
         # Must be in the environment before cuBLAS creates its handle; it is read per handle, so a
         # process that already ran a cuBLAS call keeps its old setting (recorded as found).
@@ -132,7 +142,7 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
     """Make `model` (a transformers causal LM, quantized Linears already swapped in) run in the
     deterministic mode, or leave it native; set the process-wide torch flags of that mode. Returns
     the mode as applied (read back from torch, not assumed)."""
-    algorithms, workspace = _set_library_flags(deterministic)
+    algorithms, workspace = set_library_flags(deterministic)
     if not deterministic:
         return ExecutionMode(False, model.config._attn_implementation, "native", "native", algorithms, workspace)
     for name, module in list(model.named_modules()):
@@ -152,4 +162,4 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
     return ExecutionMode(True, f"{ATTENTION_NAME}:{how}", how, f"row-block:{row_block(device)}", algorithms, workspace)
 
 
-__all__ = ["ATTENTION_NAME", "ExecutionMode", "apply_execution_mode", "invariant_attention_forward"]
+__all__ = ["ATTENTION_NAME", "ExecutionMode", "apply_execution_mode", "invariant_attention_forward", "set_library_flags"]

@@ -30,6 +30,7 @@ kernel's device unless another is given.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import parse_w8a8
 from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
+from alibi.model.decode_graphs import GraphDecoder, probe
 from alibi.model.execution import ExecutionMode, apply_execution_mode
 from alibi.model.trace import row_digests
 from alibi.tiles.tile import BLOCK_FORMAT
@@ -115,14 +117,15 @@ class BlockFp8Linear(W8A8Linear):
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to run: the transformers `model`, the `kernel` its quantized Linears call
-    (None for a dense checkpoint), the checkpoint `folder`, its `device`, and the `execution` mode
-    it runs in."""
+    (None for a dense checkpoint), the checkpoint `folder`, its `device`, the `execution` mode
+    it runs in, and the `decoder` that replays greedy decode steps as CUDA graphs (None: eager)."""
 
     model: torch.nn.Module
     kernel: Kernel | None
     folder: Path
     device: torch.device
     execution: ExecutionMode
+    decoder: GraphDecoder | None = None
 
     @property
     def quantized(self) -> bool:
@@ -144,6 +147,8 @@ class LoadedModel:
         one decode step per token with the KV cache, so decode GEMMs have M = 1)."""
         if new_tokens < 1:
             raise ValueError(f"new_tokens must be positive, got {new_tokens}")
+        if self.decoder is not None:
+            return self.decoder.greedy(input_ids.reshape(1, -1), new_tokens)[0]
         ids = input_ids.reshape(1, -1).to(self.device)
         out = self.model(input_ids=ids, use_cache=True)
         chosen: list[int] = []
@@ -169,6 +174,8 @@ class LoadedModel:
             raise ValueError(f"new_tokens must be positive, got {new_tokens}")
         if input_ids.dim() != 2:
             raise ValueError(f"greedy_batch takes [B,T] token ids, got shape {list(input_ids.shape)}")
+        if self.decoder is not None:
+            return self.decoder.greedy(input_ids, new_tokens, logit_digests)
         out = self.model(input_ids=input_ids.to(self.device), use_cache=True)
         chosen: list[torch.Tensor] = []
         while True:
@@ -297,7 +304,7 @@ def model_device(kernel: Kernel | None, device: str | None) -> torch.device:
 
 
 def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None,
-               deterministic: bool = True) -> LoadedModel:
+               deterministic: bool = True, cuda_graphs: bool = False) -> LoadedModel:
     """Load the checkpoint in `folder` (dense, compressed-tensors W8A8, or block-scaled fp8, the last two with
     `kernel`) into transformers.
 
@@ -306,6 +313,8 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     device: default the kernel's device (CPU for a dense model).
     deterministic: the batch-invariant, deterministic runner (default); False keeps the libraries'
     own attention, norms and flags (`alibi.model.execution`).
+    cuda_graphs: greedy decoding replays CUDA graphs (`alibi.model.decode_graphs`; CUDA only); a kernel that
+    cannot be captured decodes eagerly, and the execution mode names it (`graphs_refused`).
     """
     folder = Path(folder)
     config = read_config(folder)
@@ -322,6 +331,9 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     dev = model_device(k, device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda requested but torch sees no CUDA device here")
+    if cuda_graphs and dev.type != "cuda":
+        raise InputError(f"--cuda-graphs: the model runs on {dev}; CUDA graphs need a CUDA device (--device cuda, "
+                         "or a CUDA kernel), or drop --cuda-graphs")
     if block:  # parsed before the model is built: a layout the kernel does not take is refused first
         blocks = parse_block_fp8(config, tensors, str(folder))
         layout = blocks.scheme.layout
@@ -341,4 +353,14 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
         tensors = dict(ckpt.dense)
     _load_dense(model, tensors, folder)
     mode = apply_execution_mode(model, deterministic)
-    return LoadedModel(model=model, kernel=k, folder=folder, device=dev, execution=mode)
+    decoder = None
+    if cuda_graphs:
+        refused = probe(model, dev)
+        if refused is None:
+            decoder = GraphDecoder(model, dev)
+            mode = dataclasses.replace(mode, decode="cuda-graphs")
+        else:
+            what = f"kernel {k.name}" if k is not None else "the dense model"
+            mode = dataclasses.replace(mode, graphs_refused=f"{what} cannot be captured in a CUDA graph ({refused}); "
+                                                            "decoding eagerly")
+    return LoadedModel(model=model, kernel=k, folder=folder, device=dev, execution=mode, decoder=decoder)

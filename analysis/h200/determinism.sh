@@ -110,9 +110,8 @@ case $STAGE in
     done ;;
   variations)
     prepare_model || exit 1
-    [ "${BENCH:-1}" = 1 ] && run bench-runner 150 python analysis/bench_runner.py --model "$REAL" --kernel cutlass \
-      --prompts $PROMPTS64 --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" \
-      --profile "$R/bench-runner-profile.txt"
+    [ "${BENCH:-1}" = 1 ] && run bench-runner 150 python -m alibi bench runner --model "$REAL" --kernel cutlass \
+      --prompts $PROMPTS64 --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json"
     for k in ${KERNELS-native cutlass triton triton:w_then_a+fma}; do  # KERNELS="" runs none
       n=variations-${k//[:+]/_}; extra=""; kk=$k
       [ $k = native ] && { extra=--nondeterministic; kk=cutlass; }

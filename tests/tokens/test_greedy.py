@@ -100,3 +100,17 @@ def test_two_arms_with_the_same_epilogue_agree_on_every_prompt_across_cold_resta
     assert [r.kernel for r in runs] == ["torch-cpu", "emulator:w_then_a+add_before_cast"]
     assert r.sequences_a[0] == runs[0].sequences and r.sequences_b[0] == runs[1].sequences
     assert all(len(s) == 8 for s in runs[0].sequences)
+
+
+@needs_model_extra
+def test_cuda_graph_decoding_is_refused_with_a_trace_and_on_the_cpu_before_anything_is_written(tiny, tmp_path, capsys):
+    from alibi.cli import main
+
+    common = ["replay", "greedy", "--model", str(tiny / "w8a8"), "--prompts", str(tiny / "set"), "--prompt-tokens",
+              "16", "--new-tokens", "4", "--quiet", "--cuda-graphs"]
+    assert main([*common, "--kernel-a", "torch-cpu", "--kernel-b", "torch-cpu", "--trace",
+                 "--out", str(tmp_path / "both")]) == 2
+    assert "--trace and --cuda-graphs" in capsys.readouterr().err
+    assert main([*common, "--kernel", "torch-cpu", "--out", str(tmp_path / "cpu")]) == 2
+    assert "CUDA graphs need a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "both").exists() and not (tmp_path / "cpu").exists()

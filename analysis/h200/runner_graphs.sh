@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The runner's CUDA-graph decoding on one GPU: its GPU tests, `alibi bench runner` on SmolLM2-135M W8A8 (eager and
+# CUDA graphs, deterministic and native, one process), and the batch controls of greedy decoding with graphs on.
+#
+#   STAGE=stash bash analysis/h200/runner_graphs.sh     # call 1, carries gpu_payload/smollm2.gguf.part-aa
+#   STAGE=run   bash analysis/h200/runner_graphs.sh     # call 2 (within ~30 s), carries gpu_payload/smollm2.gguf.part-ab
+#
+# The GGUF (98 MB) travels in two parts (as analysis/h200/variations.sh says); each call keeps the part it brought
+# in /tmp/alibi while the machine stays warm. Call 1 runs the GPU tests of tests/model (the graph decoder against
+# eager decoding, a kernel that cannot be captured, the benchmark's own check), useful on its own.
+#
+# Call 2: `alibi bench runner` with KERNEL (default triton: compiled on the GPU, nothing carried) at batch 64,
+# 128 prompt tokens, 64 new tokens, 3 rounds, on the windows of experiments/prompts/wikipedia-64x512; then greedy
+# runs of 64 windows × 32 new tokens at batch 1, 16 and 64 with --cuda-graphs and at 64 eagerly, each window's
+# logit digests compared with the eager batch-64 run's (the locked study's batch controls, with graphs on).
+#
+# Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src.
+# Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt.
+set -u -o pipefail
+: "${OUT:?set OUT}"
+STAGE=${STAGE:-${1:-run}}
+W=/tmp/alibi
+mkdir -p "$W"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }  # seconds left of this call
+for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p") in $W"; done
+if [ -n "${SRC:-}" ]; then
+  S=/tmp/src; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
+  cd "$S" || exit 1
+  SOURCE="commit $(cat SOURCE_COMMIT)"
+else
+  SOURCE="working tree as carried (HEAD $(git rev-parse HEAD 2>/dev/null || echo unknown), changes not recorded)"
+fi
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export TRITON_CACHE_DIR=$W/triton-cache
+R=$OUT/runner-graphs
+mkdir -p "$R"
+{ echo "source: $SOURCE"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  lscpu | grep -E 'Model name|^CPU\(s\)'; } > "$R/env.txt" 2>&1
+stamp "stage $STAGE; $(head -3 "$R/env.txt" | tr '\n' ' ')"
+PROMPTS=experiments/prompts/wikipedia-64x512
+KERNEL=${KERNEL:-triton}
+
+case $STAGE in
+  stash)
+    timeout $(( $(left) - 20 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/model \
+      --junitxml="$R/pytest-gpu.xml" > "$R/pytest-gpu.txt" 2>&1
+    stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
+  run)
+    MODEL=$W/model/w8a8
+    if [ ! -f "$MODEL/manifest.json" ]; then
+      for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing: run STAGE=stash first"; exit 1; }; done
+      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf"
+      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" > "$R/prepare.txt" 2>&1
+      rc=$?; stamp "prepare: rc $rc"; [ $rc = 0 ] || { tail -n 5 "$R/prepare.txt"; exit 1; }
+    fi
+    timeout $(( $(left) - 20 )) python -m alibi bench runner --model "$MODEL" --kernel "$KERNEL" --prompts "$PROMPTS" \
+      --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
+    stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"; grep -v "^  " "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
+    greedy() {  # greedy NAME BATCH [--cuda-graphs]
+      [ "$(left)" -gt 60 ] || { stamp "greedy $1: not run, the call's time is spent"; return 1; }
+      timeout $(( $(left) - 20 )) python -m alibi replay greedy --model "$MODEL" --prompts "$PROMPTS" --kernel "$KERNEL" \
+        --prompt-tokens 128 --new-tokens 32 --batch-size "$2" ${3:-} --quiet --out "$R/greedy-$1" > "$R/greedy-$1.txt" 2>&1
+      stamp "greedy $1 (batch $2 ${3:-eager}): rc $?"
+    }
+    greedy eager-64 64 && greedy graphs-64 64 --cuda-graphs && greedy graphs-16 16 --cuda-graphs && greedy graphs-1 1 --cuda-graphs
+    python - "$R" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+base = json.loads((root / "greedy-eager-64" / "run.json").read_text())
+for name in ("graphs-64", "graphs-16", "graphs-1"):
+    f = root / f"greedy-{name}" / "run.json"
+    if not f.exists():
+        print(f"greedy {name}: no run"); continue
+    run = json.loads(f.read_text())
+    same_logits = sum(a == b for a, b in zip(run["logit_digests"], base["logit_digests"]))
+    same_tokens = sum(a == b for a, b in zip(run["sequences"], base["sequences"]))
+    execution = json.loads((root / f"greedy-{name}" / "manifest.json").read_text())["predicate"]["parameters"]["execution"]
+    print(f"greedy {name} vs eager batch 64: {same_logits}/{len(base['logit_digests'])} windows with every logit row "
+          f"bitwise equal, {same_tokens} identical sequences; decode {execution['decode']}, "
+          f"{run['seconds']} s against eager's {base['seconds']} s")
+EOF
+    ;;
+  *) stamp "unknown stage $STAGE (stash | run)"; exit 2 ;;
+esac
+tar -C "$OUT" -czf "$OUT/runner-graphs-$STAGE.tgz" runner-graphs && rm -rf "$R"
+stamp "done"
