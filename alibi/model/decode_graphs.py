@@ -24,7 +24,7 @@ dynamic one, so native graphs promise nothing against native eager decoding; bot
 decoding ran (`ExecutionMode.decode`), so arms decoded differently fail the identity contract.
 
 A kernel that cannot be captured (it synchronizes with the host, or allocates outside the graph's pool)
-is found when the model loads: `probe` captures one decode step, and the runner decodes eagerly,
+is found when the model loads: `GraphDecoder.probe` captures one decode step, and the runner decodes eagerly,
 naming the kernel and the error (`ExecutionMode.graphs_refused`). Traced executions (`alibi variations`,
 `--trace`) stay eager: module hooks run when a graph is captured, not when it replays.
 """
@@ -112,6 +112,18 @@ class GraphDecoder:
         state.graph = graph
         return logits
 
+    def probe(self) -> str | None:
+        """None if a decode step of the model can be captured (its graph for batch 1 is kept), else why not (one
+        line; the decoder is left empty)."""
+        try:
+            self.greedy(torch.zeros(1, 1, dtype=torch.long), 3)
+        except Exception as exc:  # noqa: BLE001 - any failure inside a capture (a kernel's own code) means: decode eagerly
+            self.steps.clear()
+            self.pool = None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"{type(exc).__name__}: {first}"[:300]
+        return None
+
     @torch.inference_mode()
     def greedy(self, input_ids: torch.Tensor, new_tokens: int,
                logit_digests: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -137,15 +149,4 @@ class GraphDecoder:
             last = self._run_step(state)
 
 
-def probe(model: torch.nn.Module, device: torch.device) -> str | None:
-    """None if one decode step of `model` can be captured in a CUDA graph on `device`, else why not (one line)."""
-    decoder = GraphDecoder(model, device)
-    try:
-        decoder.greedy(torch.zeros(1, 1, dtype=torch.long), 3)
-    except Exception as exc:  # noqa: BLE001 - any failure inside a capture (a kernel's own code) means: decode eagerly
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {first}"[:300]
-    return None
-
-
-__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "probe"]
+__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket"]

@@ -45,7 +45,7 @@ from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import parse_w8a8
 from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
-from alibi.model.decode_graphs import GraphDecoder, probe
+from alibi.model.decode_graphs import GraphDecoder
 from alibi.model.execution import ExecutionMode, apply_execution_mode
 from alibi.model.trace import row_digests
 from alibi.tiles.tile import BLOCK_FORMAT
@@ -337,7 +337,10 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     if block:  # parsed before the model is built: a layout the kernel does not take is refused first
         blocks = parse_block_fp8(config, tensors, str(folder))
         layout = blocks.scheme.layout
-        kernel_layout = getattr(k, "layout", layout)
+        kernel_layout = getattr(k, "layout", None)
+        if kernel_layout is None:
+            raise InputError(f"kernel {k.name!r} takes block-scaled operands but states no scale layout (its `layout`, "
+                             f"e.g. alibi.exact.fp8_block.DEEPSEEK_V3); the checkpoint's is {layout.text}")
         if kernel_layout != layout:
             raise InputError(f"{folder}: its scales are {layout.text}, but kernel {k.name!r} takes "
                              f"{kernel_layout.text}; choose a kernel of the checkpoint's layout")
@@ -355,11 +358,12 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     mode = apply_execution_mode(model, deterministic)
     decoder = None
     if cuda_graphs:
-        refused = probe(model, dev)
+        decoder = GraphDecoder(model, dev)
+        refused = decoder.probe()
         if refused is None:
-            decoder = GraphDecoder(model, dev)
             mode = dataclasses.replace(mode, decode="cuda-graphs")
         else:
+            decoder = None
             what = f"kernel {k.name}" if k is not None else "the dense model"
             mode = dataclasses.replace(mode, graphs_refused=f"{what} cannot be captured in a CUDA graph ({refused}); "
                                                             "decoding eagerly")

@@ -274,6 +274,7 @@ def test_the_block_linear_quantizes_its_input_per_1x128_group_and_hands_the_kern
 
 
 def test_an_int8_kernel_on_the_block_checkpoint_and_a_block_kernel_on_w8a8_are_refused(tiny_source, tmp_path):
+    from alibi.kernels.base import Kernel
     from alibi.model.runner import load_model
 
     out = tmp_path / "m"
@@ -285,6 +286,15 @@ def test_an_int8_kernel_on_the_block_checkpoint_and_a_block_kernel_on_w8a8_are_r
         load_model(out / "w8a8", BLOCK_KERNEL)
     with pytest.raises(InputError, match="is a block-scaled fp8 checkpoint; choose the kernel"):
         load_model(out / "fp8-block")
+
+    class Unstated(Kernel):  # a block kernel (a plugin, say) that does not state its scale layout
+        name, formats, device, description = "test:block-no-layout", ("fp8_e4m3_block",), "cpu", "no layout"
+
+        def available(self):
+            return True, "a stand-in"
+
+    with pytest.raises(InputError, match="takes block-scaled operands but states no scale layout"):
+        load_model(out / "fp8-block", Unstated())
 
 
 def test_capture_of_the_block_checkpoint_writes_block_scaled_tiles(prepared):
