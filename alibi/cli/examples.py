@@ -35,6 +35,8 @@ EXAMPLES: dict[str, str] = {
     "prereg evaluate": "alibi prereg evaluate prereg/my-study --result real=tf/flips/flips.json --out evaluation.json",
     "bench conform": "alibi bench conform --kernel-a cutlass --kernel-b triton --synthetic default --repeats 5 "
                      "--out bench",
+    "bench runner": "alibi bench runner --model smollm2/w8a8 --kernel triton "
+                    "--prompts experiments/prompts/wikipedia-64x512 --batch 64 --prompt-tokens 128 --out runner.json",
     "model prepare": "alibi model prepare smollm2-135m --out model",
     "model info": "alibi model info model/w8a8",
     "prompts build": "alibi prompts build --text corpus.txt --tokenizer model/w8a8 --windows 8 --tokens 512 --out set",

@@ -117,7 +117,7 @@ class GraphDecoder:
         line; the decoder is left empty)."""
         try:
             self.greedy(torch.zeros(1, 1, dtype=torch.long), 3)
-        except Exception as exc:  # noqa: BLE001 - any failure inside a capture (a kernel's own code) means: decode eagerly
+        except Exception as exc:  # noqa: BLE001 - any failure in a capture (a kernel's own code): decode eagerly
             self.steps.clear()
             self.pool = None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -162,4 +162,5 @@ def apply_execution_mode(model: torch.nn.Module, deterministic: bool = True) -> 
     return ExecutionMode(True, f"{ATTENTION_NAME}:{how}", how, f"row-block:{row_block(device)}", algorithms, workspace)
 
 
-__all__ = ["ATTENTION_NAME", "ExecutionMode", "apply_execution_mode", "invariant_attention_forward", "set_library_flags"]
+__all__ = ["ATTENTION_NAME", "ExecutionMode", "apply_execution_mode", "invariant_attention_forward",
+           "set_library_flags"]
