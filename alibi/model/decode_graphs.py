@@ -31,9 +31,12 @@ naming the kernel and the error (`ExecutionMode.graphs_refused`). Traced executi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from alibi.model.trace import row_digests
 
 MIN_BUCKET = 64
 """The smallest cache a graph is captured for: short prompts share one graph per batch size."""
@@ -128,25 +131,34 @@ class GraphDecoder:
     def greedy(self, input_ids: torch.Tensor, new_tokens: int,
                logit_digests: list[torch.Tensor] | None = None) -> torch.Tensor:
         """`LoadedModel.greedy_batch`'s contract: token ids [B, T] → chosen ids [B, new_tokens] (on the CPU)."""
-        # deferred: the trace module imports the runner, which imports this module
-        from alibi.model.trace import row_digests
-
         batch, prompt = input_ids.shape
         state = self._step_state(batch, cache_bucket(prompt + new_tokens))
         state.cache.reset()
         out = self.model(input_ids=input_ids.to(self.device), past_key_values=state.cache, use_cache=True)
-        last = out.logits[:, -1].float()
-        chosen: list[torch.Tensor] = []
-        while True:
-            if logit_digests is not None:
-                logit_digests.append(row_digests(last[:, None])[:, 0])
-            nxt = last.argmax(dim=-1, keepdim=True)
-            chosen.append(nxt)
-            if len(chosen) == new_tokens:
-                return torch.cat(chosen, dim=1).cpu()
+
+        def step(nxt: torch.Tensor, position: int) -> torch.Tensor:
             state.ids.copy_(nxt)
-            state.position.fill_(prompt + len(chosen) - 1)
-            last = self._run_step(state)
+            state.position.fill_(position)
+            return self._run_step(state)
+
+        return greedy_loop(out.logits[:, -1].float(), prompt, new_tokens, step, logit_digests)
 
 
-__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket"]
+def greedy_loop(last: torch.Tensor, prompt: int, new_tokens: int, step: Callable[[torch.Tensor, int], torch.Tensor],
+                logit_digests: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Greedy decisions after a prefill of `prompt` tokens whose last fp32 logits are `last` [B, V]: each row's argmax,
+    fed to `step(tokens [B, 1], their position)`, which returns the next fp32 logits, until `new_tokens` are chosen →
+    [B, new_tokens] on the CPU. logit_digests: when a list, each decision appends the digests of the rows it read
+    (`alibi.model.trace.row_digests`)."""
+    chosen: list[torch.Tensor] = []
+    while True:
+        if logit_digests is not None:
+            logit_digests.append(row_digests(last[:, None])[:, 0])
+        nxt = last.argmax(dim=-1, keepdim=True)
+        chosen.append(nxt)
+        if len(chosen) == new_tokens:
+            return torch.cat(chosen, dim=1).cpu()
+        last = step(nxt, prompt + len(chosen) - 1)
+
+
+__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "greedy_loop"]

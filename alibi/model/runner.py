@@ -45,9 +45,8 @@ from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import parse_w8a8
 from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
-from alibi.model.decode_graphs import GraphDecoder
+from alibi.model.decode_graphs import GraphDecoder, greedy_loop
 from alibi.model.execution import ExecutionMode, apply_execution_mode
-from alibi.model.trace import row_digests
 from alibi.tiles.tile import BLOCK_FORMAT
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]
@@ -141,23 +140,10 @@ class LoadedModel:
         out = self.model(input_ids=input_ids.to(self.device), use_cache=False)
         return out.logits.float()
 
-    @torch.inference_mode()
     def greedy(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy continuation of one prompt [T] → the `new_tokens` chosen ids (prefill, then
-        one decode step per token with the KV cache, so decode GEMMs have M = 1)."""
-        if new_tokens < 1:
-            raise ValueError(f"new_tokens must be positive, got {new_tokens}")
-        if self.decoder is not None:
-            return self.decoder.greedy(input_ids.reshape(1, -1), new_tokens)[0]
-        ids = input_ids.reshape(1, -1).to(self.device)
-        out = self.model(input_ids=ids, use_cache=True)
-        chosen: list[int] = []
-        while True:
-            nxt = out.logits[:, -1].float().argmax(dim=-1, keepdim=True)
-            chosen.append(int(nxt))
-            if len(chosen) == new_tokens:
-                return torch.tensor(chosen, dtype=torch.long)
-            out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        """Greedy continuation of one prompt [T] → the `new_tokens` chosen ids: `greedy_batch` of a batch of one
+        (decode GEMMs have M = 1)."""
+        return self.greedy_batch(input_ids.reshape(1, -1), new_tokens)[0]
 
     @torch.inference_mode()
     def greedy_batch(self, input_ids: torch.Tensor, new_tokens: int,
@@ -177,16 +163,12 @@ class LoadedModel:
         if self.decoder is not None:
             return self.decoder.greedy(input_ids, new_tokens, logit_digests)
         out = self.model(input_ids=input_ids.to(self.device), use_cache=True)
-        chosen: list[torch.Tensor] = []
-        while True:
-            last = out.logits[:, -1].float()
-            if logit_digests is not None:
-                logit_digests.append(row_digests(last[:, None])[:, 0])
-            nxt = last.argmax(dim=-1, keepdim=True)
-            chosen.append(nxt)
-            if len(chosen) == new_tokens:
-                return torch.cat(chosen, dim=1).cpu()
-            out = self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        cache = out.past_key_values  # transformers' dynamic cache, grown in place by every step
+
+        def step(nxt: torch.Tensor, _position: int) -> torch.Tensor:
+            return self.model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+        return greedy_loop(out.logits[:, -1].float(), input_ids.shape[1], new_tokens, step, logit_digests)
 
     @torch.inference_mode()
     def chunked_logits(self, input_ids: torch.Tensor, chunks: list[int] | tuple[int, ...]) -> torch.Tensor:

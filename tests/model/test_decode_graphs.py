@@ -10,17 +10,8 @@ import torch
 from alibi.errors import InputError
 from alibi.model.decode_graphs import MIN_BUCKET, GraphDecoder, cache_bucket
 
-from .builders import tiny_dense_tensors, write_llm_compressor_style
-
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="needs transformers (pip install 'integer-alibi[model]')")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("graphs") / "w8a8"
-    write_llm_compressor_style(folder, tiny_dense_tensors(seed=3), shards=1)
-    return folder
 
 
 def _prompts(batch: int, tokens: int, seed: int) -> torch.Tensor:
@@ -37,13 +28,13 @@ def test_cache_buckets_are_powers_of_two_from_the_minimum():
     assert [cache_bucket(n) for n in (1, MIN_BUCKET, MIN_BUCKET + 1, 200, 256, 257)] == [64, 64, 128, 256, 256, 512]
 
 
-def test_static_cache_decoding_gives_the_dynamic_caches_tokens_and_logit_bits(checkpoint):
+def test_static_cache_decoding_gives_the_dynamic_caches_tokens_and_logit_bits(tiny_w8a8):
     """The graph decoder's steps, run eagerly on the CPU: a static cache of 64 or 128 slots, an explicit mask and
     a prefill into the empty cache give every step's logits the bits of transformers' dynamic cache, also when
     the decoder's cache is reused for a second request (slots past the position hold the first one's keys)."""
     from alibi.model.runner import load_model
 
-    lm = load_model(checkpoint, "emulator:w_then_a")
+    lm = load_model(tiny_w8a8, "emulator:w_then_a")
     static = GraphDecoder(lm.model, lm.device, capture=False)
     for batch, tokens, new, seed in ((4, 9, 7, 0), (4, 5, 3, 1), (2, 60, 12, 2)):  # buckets 64, 64 reused, 128
         ids = _prompts(batch, tokens, seed)
@@ -68,11 +59,11 @@ def test_a_prefill_into_an_empty_static_cache_attends_causally_from_the_first_ke
     assert torch.equal(static.view(torch.int32), whole.view(torch.int32))
 
 
-def test_cuda_graphs_for_a_model_on_the_cpu_are_refused_in_one_line(checkpoint):
+def test_cuda_graphs_for_a_model_on_the_cpu_are_refused_in_one_line(tiny_w8a8):
     from alibi.model.runner import load_model
 
     with pytest.raises(InputError, match="--cuda-graphs: the model runs on cpu; CUDA graphs need a CUDA device"):
-        load_model(checkpoint, "emulator:w_then_a", cuda_graphs=True)
+        load_model(tiny_w8a8, "emulator:w_then_a", cuda_graphs=True)
 
 
 # --- on the GPU ------------------------------------------------------------------------------------
@@ -95,11 +86,11 @@ def _syncing_kernel():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_decoding_gives_eager_decodings_tokens_and_logit_bits(checkpoint):
+def test_cuda_graph_decoding_gives_eager_decodings_tokens_and_logit_bits(tiny_w8a8):
     from alibi.model.runner import load_model
 
-    eager = load_model(checkpoint, "triton")
-    graphs = load_model(checkpoint, "triton", cuda_graphs=True)
+    eager = load_model(tiny_w8a8, "triton")
+    graphs = load_model(tiny_w8a8, "triton", cuda_graphs=True)
     assert (eager.execution.decode, graphs.execution.decode, graphs.execution.graphs_refused) == \
         ("eager", "cuda-graphs", None)
     for batch, tokens, new, seed in ((8, 9, 20, 0), (8, 30, 20, 1), (64, 60, 10, 2)):
@@ -112,12 +103,12 @@ def test_cuda_graph_decoding_gives_eager_decodings_tokens_and_logit_bits(checkpo
 
 
 @pytest.mark.gpu
-def test_a_kernel_that_syncs_with_the_host_decodes_eagerly_and_the_mode_names_it(checkpoint):
+def test_a_kernel_that_syncs_with_the_host_decodes_eagerly_and_the_mode_names_it(tiny_w8a8):
     from alibi.model.runner import load_model
 
-    lm = load_model(checkpoint, _syncing_kernel(), cuda_graphs=True)
+    lm = load_model(tiny_w8a8, _syncing_kernel(), cuda_graphs=True)
     assert lm.decoder is None and lm.execution.decode == "eager"
     assert lm.execution.graphs_refused.startswith("kernel test:host-syncing-triton cannot be captured in a CUDA graph")
-    eager = load_model(checkpoint, "triton")
+    eager = load_model(tiny_w8a8, "triton")
     ids = _prompts(4, 9, 3)
     assert torch.equal(_decode(lm.greedy_batch, ids, 6)[1], _decode(eager.greedy_batch, ids, 6)[1])

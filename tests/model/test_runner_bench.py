@@ -9,22 +9,13 @@ import pytest
 from alibi.cli import main
 from alibi.model.runner_bench import RunnerBench
 
-from .builders import tiny_dense_tensors, write_llm_compressor_style
-
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="needs transformers (pip install 'integer-alibi[model]')")
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench-runner") / "w8a8"
-    write_llm_compressor_style(folder, tiny_dense_tensors(seed=4), shards=1)
-    return folder
-
-
-def test_bench_runner_times_both_modes_and_says_why_graphs_did_not_run_on_the_cpu(checkpoint, tmp_path, capsys):
+def test_bench_runner_times_both_modes_and_says_why_graphs_did_not_run_on_the_cpu(tiny_w8a8, tmp_path, capsys):
     out = tmp_path / "runner.json"
-    assert main(["bench", "runner", "--model", str(checkpoint), "--kernel", "emulator:w_then_a", "--batch", "2",
+    assert main(["bench", "runner", "--model", str(tiny_w8a8), "--kernel", "emulator:w_then_a", "--batch", "2",
                  "--prompt-tokens", "6", "--new-tokens", "3", "--repeats", "1", "--quiet", "--out", str(out)]) == 0
     result = RunnerBench.from_json(out.read_text())
     assert [m.mode for m in result.modes] == ["deterministic", "native"]
@@ -41,17 +32,17 @@ def test_bench_runner_times_both_modes_and_says_why_graphs_did_not_run_on_the_cp
 
 
 @pytest.mark.parametrize("flag,value", [("--new-tokens", "1"), ("--batch", "0"), ("--modes", "fast")])
-def test_bench_runner_refuses_bad_sizes_before_loading_anything(checkpoint, tmp_path, capsys, flag, value):
+def test_bench_runner_refuses_bad_sizes_before_loading_anything(tiny_w8a8, tmp_path, capsys, flag, value):
     out = tmp_path / "runner.json"
-    assert main(["bench", "runner", "--model", str(checkpoint), "--kernel", "emulator:w_then_a", flag, value,
+    assert main(["bench", "runner", "--model", str(tiny_w8a8), "--kernel", "emulator:w_then_a", flag, value,
                  "--quiet", "--out", str(out)]) == 2
     assert flag in capsys.readouterr().err and not out.exists()
 
 
 @pytest.mark.gpu
-def test_bench_runner_on_the_gpu_times_graph_decoding_that_gives_eagers_bits(checkpoint, tmp_path):
+def test_bench_runner_on_the_gpu_times_graph_decoding_that_gives_eagers_bits(tiny_w8a8, tmp_path):
     out = tmp_path / "runner.json"
-    assert main(["bench", "runner", "--model", str(checkpoint), "--kernel", "triton", "--batch", "8",
+    assert main(["bench", "runner", "--model", str(tiny_w8a8), "--kernel", "triton", "--batch", "8",
                  "--prompt-tokens", "16", "--new-tokens", "8", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
     result = RunnerBench.from_json(out.read_text())
     for m in result.modes:
