@@ -17,29 +17,8 @@
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src.
 # Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt.
 set -u -o pipefail
-: "${OUT:?set OUT}"
 STAGE=${STAGE:-${1:-run}}
-W=/tmp/alibi
-mkdir -p "$W"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
-left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }  # seconds left of this call
-for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p") in $W"; done
-if [ -n "${SRC:-}" ]; then
-  S=/tmp/src; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
-  cd "$S" || exit 1
-  SOURCE="commit $(cat SOURCE_COMMIT)"
-else
-  SOURCE="working tree as carried (HEAD $(git rev-parse HEAD 2>/dev/null || echo unknown), changes not recorded)"
-fi
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export TRITON_CACHE_DIR=$W/triton-cache
-R=$OUT/runner-graphs
-mkdir -p "$R"
-{ echo "source: $SOURCE"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  lscpu | grep -E 'Model name|^CPU\(s\)'; } > "$R/env.txt" 2>&1
-stamp "stage $STAGE; $(head -3 "$R/env.txt" | tr '\n' ' ')"
+. analysis/h200/call.sh runner-graphs
 PROMPTS=experiments/prompts/wikipedia-64x512
 KERNEL=${KERNEL:-triton}
 
@@ -49,13 +28,7 @@ case $STAGE in
       --junitxml="$R/pytest-gpu.xml" > "$R/pytest-gpu.txt" 2>&1
     stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
   run)
-    MODEL=$W/model/w8a8
-    if [ ! -f "$MODEL/manifest.json" ]; then
-      for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing: run STAGE=stash first"; exit 1; }; done
-      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf"
-      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" > "$R/prepare.txt" 2>&1
-      rc=$?; stamp "prepare: rc $rc"; [ $rc = 0 ] || { tail -n 5 "$R/prepare.txt"; exit 1; }
-    fi
+    prepare_w8a8 || exit 1
     timeout $(( $(left) - 20 )) python -m alibi bench runner --model "$MODEL" --kernel "$KERNEL" --prompts "$PROMPTS" \
       --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
     stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"; grep -v "^  " "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"

@@ -17,8 +17,8 @@
 # chunks of 16). The prompt span is set as in the earlier H200 runs (8 windows of
 # experiments/prompts/wikipedia-8x512, T = 64, P = 32: analysis/results/h200/determinism/b5db8e0/variations),
 # because the default span (T = P = 256) would take each decode@1 and recompute execution 8 x 256 traced
-# forwards. KERNEL (default triton: compiled on the GPU, nothing carried) picks the W8A8 kernel; MODES
-# (default "native deterministic") which runs; PARALLEL (default 1) runs them side by side, each with its own
+# forwards (CONTEXT and POSITIONS change T and P). KERNEL (default triton: compiled on the GPU, nothing carried)
+# picks the W8A8 kernel; MODES (default "native deterministic") which runs; PARALLEL (default 1) runs them side by side, each with its own
 # cold-restart child (PARALLEL=0: one after the other, for undisturbed `seconds`).
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to
@@ -26,30 +26,8 @@
 # Results: $OUT/variations-STAGE.tgz (one folder per mode: variations.json, report.md, report.html, manifest.json,
 # the log) and $OUT/summary.txt.
 set -u -o pipefail
-: "${OUT:?set OUT}"
 STAGE=${STAGE:-${1:-run}}
-W=/tmp/alibi
-mkdir -p "$W"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
-left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }  # seconds left of this call
-for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p") in $W"; done
-
-if [ -n "${SRC:-}" ]; then
-  S=/tmp/src; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
-  cd "$S" || exit 1
-  SOURCE="commit $(cat SOURCE_COMMIT)"
-else
-  SOURCE="working tree as carried (HEAD $(git rev-parse HEAD 2>/dev/null || echo unknown), changes not recorded)"
-fi
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export TRITON_CACHE_DIR=$W/triton-cache  # compiled kernels kept from call to call while the machine is warm
-R=$OUT/variations
-mkdir -p "$R"
-{ echo "source: $SOURCE"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  lscpu | grep -E 'Model name|^CPU\(s\)'; } > "$R/env.txt" 2>&1
-stamp "stage $STAGE; $(head -3 "$R/env.txt" | tr '\n' ' ')"
+. analysis/h200/call.sh variations
 
 case $STAGE in
   stash)
@@ -57,18 +35,12 @@ case $STAGE in
       tests/tokens/test_variations_protocol.py > "$R/pytest-gpu.txt" 2>&1
     stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
   run)
-    MODEL=$W/model/w8a8
-    if [ ! -f "$MODEL/manifest.json" ]; then
-      for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing: run STAGE=stash first"; exit 1; }; done
-      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf"
-      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --out "$W/model" > "$R/prepare.txt" 2>&1
-      rc=$?; stamp "prepare: rc $rc"; [ $rc = 0 ] || { tail -n 5 "$R/prepare.txt"; exit 1; }
-    fi
+    prepare_w8a8 || exit 1
     variations() {  # variations MODE: one `alibi variations` run into $R/MODE, its log $R/MODE.txt
       local mode=$1 flag=""
       [ "$mode" = native ] && flag=--nondeterministic
       timeout $(( $(left) - 20 )) python -m alibi variations --model "$MODEL" --kernel "${KERNEL:-triton}" \
-        --prompts experiments/prompts/wikipedia-8x512 --windows 8 --context 64 --positions 32 $flag \
+        --prompts experiments/prompts/wikipedia-8x512 --windows 8 --context "${CONTEXT:-64}" --positions "${POSITIONS:-32}" $flag \
         --quiet --out "$R/$mode" > "$R/$mode.txt" 2>&1
       stamp "variations $mode: rc $? (0 every variation holds, 1 some fail)"
     }
