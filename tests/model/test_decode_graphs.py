@@ -66,6 +66,16 @@ def test_cuda_graphs_for_a_model_on_the_cpu_are_refused_in_one_line(tiny_w8a8):
         load_model(tiny_w8a8, "emulator:w_then_a", cuda_graphs=True)
 
 
+def test_a_probe_whose_capture_fails_names_the_error_in_one_line_and_keeps_no_step(tiny_w8a8):
+    from alibi.model.runner import load_model
+
+    lm = load_model(tiny_w8a8, "emulator:w_then_a")
+    decoder = GraphDecoder(lm.model, lm.device)  # capturing on the CPU: there is no CUDA stream to capture
+    reason = decoder.probe()
+    assert reason and "\n" not in reason and len(reason) <= 300
+    assert decoder.steps == {} and decoder.pool is None
+
+
 # --- on the GPU ------------------------------------------------------------------------------------
 
 
