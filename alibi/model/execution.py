@@ -66,7 +66,13 @@ class ExecutionMode:
     graphs_refused: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The mode as manifests record it. `decode` and `graphs_refused` appear only where CUDA graphs were asked
+        for: an eagerly decoding run records what runs recorded before graphs existed, so its arms still join
+        theirs (and `alibi-variations/v2`'s `execution` holds), while a run with graphs differs from both."""
+        record = asdict(self)
+        if self.decode == "eager" and self.graphs_refused is None:
+            del record["decode"], record["graphs_refused"]
+        return record
 
     @property
     def label(self) -> str:

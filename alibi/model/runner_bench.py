@@ -32,9 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from alibi.errors import InputError
 from alibi.governance.environment import environment_record
 from alibi.io.typed import TypedResult
+from alibi.kernels.registry import get_kernel
+from alibi.model.checkpoint import read_config
+from alibi.model.execution import set_library_flags
+from alibi.model.prompts import load_prompt_set
+from alibi.model.runner import load_model, model_device
 
 SCHEMA = "alibi.bench-runner/v1"
 MODES = ("deterministic", "native")
@@ -126,9 +133,6 @@ def launches_per_step(lm, ids: torch.Tensor) -> float | None:
     (the prefill's launches, profiled alone, subtracted); None on the CPU."""
     if lm.device.type != "cuda":
         return None
-    # deferred: the profiler is only needed here
-    from torch.profiler import ProfilerActivity, profile
-
     def launches(new_tokens: int) -> int:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             lm.greedy_batch(ids, new_tokens)
@@ -148,17 +152,8 @@ def bench_runner(folder: str | Path, kernel: str | None, *, device: str | None =
                  batch: int = 64, prompt_tokens: int = 64, new_tokens: int = 32, repeats: int = 3,
                  modes: tuple[str, ...] = MODES, progress: Callable[[str], None] | None = None) -> RunnerBench:
     """Time the runner on `folder` with `kernel` (module docstring)."""
-    # deferred: the runner needs transformers (the model extra), which `alibi bench` of kernels does not
-    from alibi.kernels.registry import get_kernel
-    from alibi.model.checkpoint import read_config
-    from alibi.model.execution import set_library_flags
-    from alibi.model.runner import load_model, model_device
-
     folder = Path(folder)
     if prompts is not None:
-        # deferred: only a run with a prompt set reads one
-        from alibi.model.prompts import load_prompt_set
-
         ids = _window_ids(load_prompt_set(prompts).input_ids, batch, prompt_tokens, prompts)
     else:
         vocab = int(read_config(folder)["vocab_size"])
@@ -210,9 +205,6 @@ def bench_runner(folder: str | Path, kernel: str | None, *, device: str | None =
 
 def _window_ids(input_ids: torch.Tensor, batch: int, prompt_tokens: int, prompts: Path) -> torch.Tensor:
     """The first `prompt_tokens` of the set's windows, repeated in order to fill `batch` rows."""
-    # deferred: the error type is only needed on this path
-    from alibi.errors import InputError
-
     if prompt_tokens > input_ids.shape[1]:
         raise InputError(f"--prompt-tokens {prompt_tokens}: the windows of {prompts} hold {input_ids.shape[1]} tokens")
     rows = torch.arange(batch) % input_ids.shape[0]

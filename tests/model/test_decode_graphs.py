@@ -59,6 +59,19 @@ def test_a_prefill_into_an_empty_static_cache_attends_causally_from_the_first_ke
     assert torch.equal(static.view(torch.int32), whole.view(torch.int32))
 
 
+def test_an_eager_modes_record_is_the_one_runs_had_before_graphs_and_asking_for_graphs_adds_the_decoding():
+    import dataclasses
+
+    from alibi.model.execution import ExecutionMode
+
+    mode = ExecutionMode(True, "alibi_invariant:tree", "tree", "row-block:8", True, None)
+    assert list(mode.as_dict()) == ["deterministic", "attention", "norms", "dense_linears", "deterministic_algorithms",
+                                    "cublas_workspace"]
+    assert dataclasses.replace(mode, decode="cuda-graphs").as_dict()["decode"] == "cuda-graphs"
+    refused = dataclasses.replace(mode, graphs_refused="kernel k cannot be captured").as_dict()
+    assert (refused["decode"], refused["graphs_refused"]) == ("eager", "kernel k cannot be captured")
+
+
 def test_cuda_graphs_for_a_model_on_the_cpu_are_refused_in_one_line(tiny_w8a8):
     from alibi.model.runner import load_model
 
