@@ -199,11 +199,14 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
     description = ("torch.nn.functional.scaled_mm, BlockWise1x128 activations and BlockWise128x128 weights "
                    "(cuBLASLt), K padded to 512, bias added after the cast")
 
+    @property
+    def multiples(self) -> tuple[int, int, int]:
+        """The multiples `scaled_mm` pads M, N and K to before cuBLASLt sees them."""
+        return ROW_MULTIPLE, self.layout.block_n, self.layout.block_k * SCALE_GROUP_MULTIPLE
+
     def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
         """The declaration at the shape cuBLASLt sees (M, N and K padded as `scaled_mm` pads them)."""
-        Mp, Np = -(-M // ROW_MULTIPLE) * ROW_MULTIPLE, -(-N // self.layout.block_n) * self.layout.block_n
-        step = self.layout.block_k * SCALE_GROUP_MULTIPLE
-        Kp = -(-K // step) * step
+        Mp, Np, Kp = (-(-size // multiple) * multiple for size, multiple in zip((M, N, K), self.multiples))
         if Kp <= SHORT_K:
             return self.accumulation
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -227,8 +230,9 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         self.checked(a_q, s_a, w_q, s_w, out_dtype)
         M, N = a_q.shape[0], w_q.shape[0]
-        p = pad_block_operands(a_q, s_a, w_q, s_w, self.layout, m_multiple=ROW_MULTIPLE,
-                               n_multiple=self.layout.block_n, k_multiple=self.layout.block_k * SCALE_GROUP_MULTIPLE)
+        m_multiple, n_multiple, k_multiple = self.multiples
+        p = pad_block_operands(a_q, s_a, w_q, s_w, self.layout, m_multiple=m_multiple, n_multiple=n_multiple,
+                               k_multiple=k_multiple)
         scale_a, scale_b = blockwise_scale_views(p.s_a, p.s_w)
         out = F.scaled_mm(p.a_q, p.w_q.t(), scale_a, F.ScalingType.BlockWise1x128, scale_b,
                           F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
