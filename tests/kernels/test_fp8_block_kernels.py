@@ -171,6 +171,20 @@ def test_a_tuned_config_sets_the_declared_promotion_interval_and_a_16_row_block_
     assert kernel.schedule_at(250, 512, 1024) is None  # BLOCK_SIZE_M = 16: mma.sync, no step model declared
 
 
+def test_cublaslt_declares_its_schedule_at_the_padded_shape_and_a_split_only_where_k_needs_no_padding(monkeypatch):
+    from alibi.kernels import block_scaled
+
+    kernel = get_kernel("cublaslt-fp8-block")
+    assert kernel.schedule_at(1, 576, 1536) == kernel.accumulation  # K padded to 2048: within SHORT_K
+    assert kernel.schedule_at(1, 576, 2049) is None  # padded to 2560, identified on no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert kernel.schedule_at(13, 1921, 7168).label == "block128:fma(sa*sw,p,acc):split-2"  # seen as 16 × 2048
+    assert kernel.schedule_at(16, 2048, 7000) is None  # padded to 7168: a split of padding is not the tile's split
+    assert ("NVIDIA H100 80GB HBM3", 64, 2048, 7168) in block_scaled.IDENTIFIED_LONG_K
+    assert kernel.schedule_at(61, 2048, 7168) == kernel.accumulation
+
+
 # --- on the GPU: each kernel is its declaration --------------------------------------------------------------
 
 GPU_SHAPES = ((1, 576, 1536), (16, 192, 576), (64, 2048, 1024), (256, 1536, 576), (32, 256, 7168))
