@@ -257,17 +257,29 @@ def _aligned_bytes(t: torch.Tensor) -> int:
     return -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
 
 
-def packed(tile: Tile, device: torch.device | str) -> Tile:
-    """`tile` with its operands copied onto `device` into one buffer, each contiguous at an offset aligned to
-    `PACK_ALIGN` bytes: a private copy of it is then one copy of that buffer (`private_copy`), not one per operand."""
-    present = {k: v for k, v in operands(tile).items() if v is not None}
-    buffer = torch.empty(sum(_aligned_bytes(v) for v in present.values()), dtype=torch.uint8, device=device)
+def _packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     views, offset = {}, 0
     for k, v in present.items():
         views[k] = buffer[offset:offset + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
-        views[k].copy_(v)
         offset += _aligned_bytes(v)
-    return tile.replace(**views)
+    return views
+
+
+def packed(tile: Tile, device: torch.device | str) -> Tile:
+    """`tile` with its operands copied onto `device` into one buffer, each contiguous at an offset aligned to
+    `PACK_ALIGN` bytes: a private copy of it is then one copy of that buffer (`private_copy`), not one per operand.
+    Host operands bound for a GPU are packed on the host first, in pinned memory, and cross in one asynchronous
+    copy: a copy from pageable memory, one per operand, would hold the host until it is done."""
+    device = torch.device(device)
+    present = {k: v for k, v in operands(tile).items() if v is not None}
+    staged = device.type == "cuda" and all(v.device.type == "cpu" for v in present.values())
+    size = sum(_aligned_bytes(v) for v in present.values())
+    buffer = torch.empty(size, dtype=torch.uint8, device="cpu" if staged else device, pin_memory=staged)
+    for k, view in _packed_views(buffer, present).items():
+        view.copy_(present[k])
+    if staged:
+        buffer = buffer.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
+    return tile.replace(**_packed_views(buffer, present))
 
 
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:

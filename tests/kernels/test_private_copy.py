@@ -71,3 +71,13 @@ def test_an_unpacked_tile_is_copied_operand_by_operand(tile):
     c = private_copy(tile)
     assert len(buffers(c)) == 5
     assert_same_operands_elsewhere(c, tile)
+
+
+@pytest.mark.gpu
+def test_host_operands_packed_for_the_gpu_cross_in_one_buffer_bit_for_bit(tile):
+    p = packed(tile, "cuda")
+    assert len(buffers(p)) == 1 and p.a_q.is_cuda
+    for k in OPERANDS:
+        assert torch.equal(getattr(p, k).cpu().view(torch.uint8), getattr(tile, k).view(torch.uint8)), k
+    again = packed(p, "cuda")  # operands already on the GPU: copied there directly
+    assert_same_operands_elsewhere(again, p)
