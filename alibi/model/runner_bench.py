@@ -154,10 +154,10 @@ def bench_runner(folder: str | Path, kernel: str | None, *, device: str | None =
                  modes: tuple[str, ...] = MODES, progress: Callable[[str], None] | None = None) -> RunnerBench:
     """Time the runner on `folder` with `kernel` (module docstring)."""
     folder = Path(folder)
+    vocab = int(read_config(folder)["vocab_size"])
     if prompts is not None:
-        ids = _window_ids(load_prompt_set(prompts).input_ids, batch, prompt_tokens, prompts)
+        ids = _window_ids(load_prompt_set(prompts).input_ids, batch, prompt_tokens, prompts, vocab)
     else:
-        vocab = int(read_config(folder)["vocab_size"])
         ids = torch.randint(0, vocab, (batch, prompt_tokens), generator=torch.Generator().manual_seed(0))
     on_cuda = model_device(get_kernel(kernel) if kernel else None, device).type == "cuda"
     models = {mode: load_model(folder, kernel, device, deterministic=mode == "deterministic", cuda_graphs=on_cuda)
@@ -204,10 +204,13 @@ def bench_runner(folder: str | Path, kernel: str | None, *, device: str | None =
                        modes=tuple(results), environment=environment_record())
 
 
-def _window_ids(input_ids: torch.Tensor, batch: int, prompt_tokens: int, prompts: Path) -> torch.Tensor:
+def _window_ids(input_ids: torch.Tensor, batch: int, prompt_tokens: int, prompts: Path, vocab: int) -> torch.Tensor:
     """The first `prompt_tokens` of the set's windows, repeated in order to fill `batch` rows."""
     if prompt_tokens > input_ids.shape[1]:
         raise InputError(f"--prompt-tokens {prompt_tokens}: the windows of {prompts} hold {input_ids.shape[1]} tokens")
+    if int(input_ids.max()) >= vocab:
+        raise InputError(f"--prompts {prompts}: holds token id {int(input_ids.max())}, beyond the model's vocabulary of "
+                         f"{vocab}; build a prompt set with the model's tokenizer (`alibi prompts build`)")
     rows = torch.arange(batch) % input_ids.shape[0]
     return input_ids[rows, :prompt_tokens]
 

@@ -39,6 +39,16 @@ def test_bench_runner_refuses_bad_sizes_before_loading_anything(tiny_w8a8, tmp_p
     assert flag in capsys.readouterr().err and not out.exists()
 
 
+def test_a_prompt_set_of_another_vocabulary_is_refused_in_one_line(tiny_w8a8, tmp_path, capsys):
+    out = tmp_path / "runner.json"
+    assert main(["bench", "runner", "--model", str(tiny_w8a8), "--kernel", "emulator:w_then_a", "--prompts",
+                 "experiments/prompts/wikipedia-8x512", "--batch", "2", "--prompt-tokens", "4", "--new-tokens", "2",
+                 "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "beyond the model's vocabulary of 320" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 @pytest.mark.gpu
 def test_bench_runner_on_the_gpu_times_graph_decoding_that_gives_eagers_bits(tiny_w8a8, tmp_path):
     out = tmp_path / "runner.json"
