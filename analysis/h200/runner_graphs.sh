@@ -15,12 +15,16 @@
 # logit digests compared with the eager batch-64 run's (the locked study's batch controls, with graphs on).
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src.
-# Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt.
+# Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt. Sizes for a CPU dry run of the plumbing (graphs are
+# refused there, named): BATCH (64: the batch and the windows), PROMPT_TOKENS (128), BENCH_NEW_TOKENS (64),
+# GREEDY_NEW_TOKENS (32), REPEATS (3), MID_BATCH (16), e.g. KERNEL=torch-cpu BATCH=4 PROMPT_TOKENS=16
+# BENCH_NEW_TOKENS=3 GREEDY_NEW_TOKENS=2 REPEATS=1 MID_BATCH=2 (the greedy runs with --cuda-graphs then exit 2).
 set -u -o pipefail
 STAGE=${STAGE:-${1:-run}}
 . analysis/h200/call.sh runner-graphs
 PROMPTS=experiments/prompts/wikipedia-64x512
 KERNEL=${KERNEL:-triton}
+BATCH=${BATCH:-64} PROMPT_TOKENS=${PROMPT_TOKENS:-128}
 
 case $STAGE in
   stash)
@@ -30,15 +34,18 @@ case $STAGE in
   run)
     prepare_w8a8 || exit 1
     timeout $(( $(left) - 20 )) python -m alibi bench runner --model "$MODEL" --kernel "$KERNEL" --prompts "$PROMPTS" \
-      --batch 64 --prompt-tokens 128 --new-tokens 64 --repeats 3 --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
-    stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"; grep -v "^  " "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
+      --batch "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --new-tokens "${BENCH_NEW_TOKENS:-64}" --repeats "${REPEATS:-3}" \
+      --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
+    stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"; grep -E "^(runner:|mode |deterministic|native)" "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
     greedy() {  # greedy NAME BATCH [--cuda-graphs]
       [ "$(left)" -gt 60 ] || { stamp "greedy $1: not run, the call's time is spent"; return 1; }
       timeout $(( $(left) - 20 )) python -m alibi replay greedy --model "$MODEL" --prompts "$PROMPTS" --kernel "$KERNEL" \
-        --prompt-tokens 128 --new-tokens 32 --batch-size "$2" ${3:-} --quiet --out "$R/greedy-$1" > "$R/greedy-$1.txt" 2>&1
+        --windows "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --new-tokens "${GREEDY_NEW_TOKENS:-32}" --batch-size "$2" \
+        ${3:-} --quiet --out "$R/greedy-$1" > "$R/greedy-$1.txt" 2>&1
       stamp "greedy $1 (batch $2 ${3:-eager}): rc $?"
     }
-    greedy eager-64 64 && greedy graphs-64 64 --cuda-graphs && greedy graphs-16 16 --cuda-graphs && greedy graphs-1 1 --cuda-graphs
+    greedy eager-64 "$BATCH" && greedy graphs-64 "$BATCH" --cuda-graphs && greedy graphs-16 "${MID_BATCH:-16}" --cuda-graphs \
+      && greedy graphs-1 1 --cuda-graphs
     python - "$R" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
@@ -53,7 +60,7 @@ for name in ("graphs-64", "graphs-16", "graphs-1"):
     same_tokens = sum(a == b for a, b in zip(run["sequences"], base["sequences"]))
     execution = json.loads((root / f"greedy-{name}" / "manifest.json").read_text())["predicate"]["parameters"]["execution"]
     print(f"greedy {name} vs eager batch 64: {same_logits}/{len(base['logit_digests'])} windows with every logit row "
-          f"bitwise equal, {same_tokens} identical sequences; decode {execution['decode']}, "
+          f"bitwise equal, {same_tokens} identical sequences; decode {execution.get('decode', 'eager')}, "
           f"{run['seconds']} s against eager's {base['seconds']} s")
 EOF
     ;;
