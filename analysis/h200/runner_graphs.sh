@@ -36,7 +36,8 @@ case $STAGE in
     timeout $(( $(left) - 20 )) python -m alibi bench runner --model "$MODEL" --kernel "$KERNEL" --prompts "$PROMPTS" \
       --batch "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --new-tokens "${BENCH_NEW_TOKENS:-64}" --repeats "${REPEATS:-3}" \
       --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
-    stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"; grep -E "^(runner:|mode |deterministic|native)" "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
+    stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"
+    grep -E "^(runner:|mode |deterministic|native)" "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
     greedy() {  # greedy NAME BATCH [--cuda-graphs]
       [ "$(left)" -gt 60 ] || { stamp "greedy $1: not run, the call's time is spent"; return 1; }
       timeout $(( $(left) - 20 )) python -m alibi replay greedy --model "$MODEL" --prompts "$PROMPTS" --kernel "$KERNEL" \
