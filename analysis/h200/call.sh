@@ -6,7 +6,8 @@
 # Sets T0, W (/tmp/alibi: kept while the machine stays warm), R and SOURCE; defines stamp (log a line), left (seconds
 # left of the call, BUDGET_S default 570) and prepare_w8a8 (the model in $W/model/w8a8 from the two GGUF parts, once);
 # copies every carried gpu_payload/smollm2.gguf.part-* into $W; with SRC=gpu_payload/src.tar.gz
-# (analysis/h200/pack_source.sh COMMIT) unpacks that commit to /tmp/src and runs there, else the carried working tree
+# (analysis/h200/pack_source.sh COMMIT) unpacks that commit to /tmp/src-NAME (a folder per script, so that two run
+# side by side) and runs there, else the carried working tree
 # (recorded as such); writes $R/env.txt.
 : "${OUT:?set OUT}"
 W=/tmp/alibi
@@ -16,7 +17,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }
 for p in gpu_payload/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p") in $W"; done
 if [ -n "${SRC:-}" ]; then
-  S=/tmp/src; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
+  S=/tmp/src-$1; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
   cd "$S" || exit 1
   SOURCE="commit $(cat SOURCE_COMMIT)"
 else

@@ -10,8 +10,11 @@
 # gpu_payload/smollm2.gguf.part-`); each call keeps the part it brought in $W (/tmp/alibi), which lives as long as the
 # machine stays warm; `alibi model prepare` checks the joined file's pinned sha256. The block checkpoint is kept in
 # $W/model-fp8-block, so a third call (STAGE=run, nothing carried but the source) reuses it: e.g. PARTS=flips in call 2
-# and PARTS=variations in call 3. Stage stash also lists the kernels and runs the GPU tests of
-# tests/kernels/test_fp8_block_kernels.py (each available block kernel against the emulator), so it is useful alone.
+# and PARTS=variations in call 3. Stage stash also lists the kernels, runs the GPU tests of
+# tests/kernels/test_fp8_block_kernels.py (each available block kernel against the emulator), reads every available
+# block kernel's schedule by probe (analysis/h200/fp8_block_measure.py --parts identify: identify/identify.json;
+# IDENTIFY_KERNELS narrows it) and runs the block matrix at M = 1 over them and the block emulators (matrix-m1/,
+# FBGEMM included: its one activation scale per 256 rows takes decode tiles), so it is useful alone.
 #
 # Parts of stage run (PARTS, default "flips variations", in that order; each bounded by the call's time left):
 #   flips       teacher-forced replay of the pair KERNEL_A / KERNEL_B (default cublaslt-fp8-block, torchao-fp8-block),
@@ -30,7 +33,8 @@
 # (ALIBI_FBGEMM_ROOT; unpacked from $PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz when carried). `alibi kernels` is
 # recorded in kernels.txt.
 #
-# Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src;
+# Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to
+# /tmp/src-fp8-block-model (its own folder: analysis/h200/variations.sh can run beside it);
 # without SRC the carried working tree runs as it is (recorded as such). PAYLOAD (default gpu_payload) names the
 # folder the carried files are in.
 # Results: $OUT/fp8_block_model-STAGE.tgz (env.txt, kernels.txt, prepare.txt, tf/arm-a, tf/arm-b, tf/flips/flips.json,
@@ -64,7 +68,7 @@ for p in "$PAYLOAD"/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stam
 
 if [ -n "${SRC:-}" ]; then
   case $SRC in /*) ;; *) SRC=$REPO/$SRC ;; esac
-  S=/tmp/src; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
+  S=/tmp/src-fp8-block-model; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
   cd "$S" || exit 1
   SOURCE="commit $(cat SOURCE_COMMIT)"
 else
@@ -87,9 +91,9 @@ for whl in "$PAYLOAD"/ecosystem/torchao-0.18.0-*.whl; do
   python -m pip install -q --no-index --no-deps --target "$SITE" "$whl" > "$R/pip-torchao.txt" 2>&1
   stamp "torchao wheel into $SITE: rc $?"
 done
-if [ -f "$PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz" ]; then
-  mkdir -p /tmp/fbg && tar -C /tmp/fbg -xJf "$PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz"
-fi
+for fbg in "$PAYLOAD"/ecosystem/fbgemm_triton_gemm-1.6.0.tar.xz "$PAYLOAD"/fbg/fbgemm_triton_gemm-1.6.0.tar.xz; do
+  [ -f "$fbg" ] && mkdir -p /tmp/fbg && tar -C /tmp/fbg -xJf "$fbg"
+done
 [ -d /tmp/fbg ] && export ALIBI_FBGEMM_ROOT=/tmp/fbg
 V=/tmp/alibi-vllm
 if [ -f "$V/_C_stable_libtorch.abi3.so" ] && [ -f "$V/fp8_utils.py" ]; then
@@ -110,17 +114,32 @@ case $STAGE in
   stash)
     timeout $(( $(left) - 20 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_fp8_block_kernels.py \
       > "$R/pytest-gpu.txt" 2>&1
-    stamp "block kernel gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
+    stamp "block kernel gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt"
+    # every available block kernel's schedule read by probe at this commit (IDENTIFY_KERNELS, default all of them)
+    avail=$(grep -E -- '-block[^ ]* +fp8_e4m3_block +[a-z]+ +yes ' "$R/kernels.txt" | grep -v '^emulator' | cut -d' ' -f1 | paste -sd,)
+    [ -n "$avail" ] || { stamp "no project block kernel available here: no identify, no matrix"; exit 0; }
+    timeout $(( $(left) - ${MATRIX_RESERVE_S:-90} )) python analysis/h200/fp8_block_measure.py "$R/identify" --parts identify \
+      --kernels "${IDENTIFY_KERNELS:-$avail}" > "$R/identify.txt" 2>&1
+    stamp "identify ${IDENTIFY_KERNELS:-$avail}: rc $?"
+    grep -E "^identify [^ ]+: |NO MATCH|RAISED" "$R/identify.txt" | cut -c1-300 | tee -a "$OUT/summary.txt"
+    # the block matrix at M = 1 (decode), where FBGEMM's one scale per 256 rows takes every tile, over the available
+    # project kernels and this project's four block emulators
+    E="emulator-fp8-block:block128:fma(sa*sw,p,acc):add_after_cast,emulator-fp8-block:block128:acc+(p*sa)*sw:add_after_cast"
+    E="$E,emulator-fp8-block:block128:fma(p*sa,sw,acc):add_after_cast,emulator-fp8-block:block128:rescale:add_after_cast"
+    timeout $(( $(left) - 15 )) python -m alibi matrix --available-only --kernels "$avail,$E" \
+      --synthetic smollm2-135m-fp8-block-decode --out "$R/matrix-m1" --quiet > "$R/matrix-m1.txt" 2>&1
+    stamp "matrix M=1 ($avail and the emulators): rc $?"; grep -E "bitwise|explained|unexplained" "$R/matrix-m1.txt" \
+      | head -n 4 | tee -a "$OUT/summary.txt" ;;
   run)
     MODEL=$W/model-fp8-block/fp8-block
     if [ ! -f "$MODEL/manifest.json" ]; then
       for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing: run STAGE=stash first"; exit 1; }; done
-      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s.gguf"
+      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s-fp8-block.gguf"  # not call.sh's s.gguf
       rm -rf "$W/model-fp8-block"
-      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s.gguf" --format fp8-block \
+      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s-fp8-block.gguf" --format fp8-block \
         --out "$W/model-fp8-block" > "$R/prepare.txt" 2>&1
       rc=$?; stamp "prepare fp8-block: rc $rc"; [ $rc = 0 ] || { tail -n 5 "$R/prepare.txt" | tee -a "$OUT/summary.txt"; exit 1; }
-      rm -f "$W/s.gguf"
+      rm -f "$W/s-fp8-block.gguf"
     else
       stamp "fp8-block checkpoint kept from an earlier call: $MODEL"
     fi

@@ -7,7 +7,8 @@
 #
 # The GGUF (98 MB) travels in two parts (as analysis/h200/variations.sh says); each call keeps the part it brought
 # in /tmp/alibi while the machine stays warm. Call 1 runs the GPU tests of tests/model (the graph decoder against
-# eager decoding, a kernel that cannot be captured, the benchmark's own check), useful on its own.
+# eager decoding, a kernel that cannot be captured, the benchmark's own check) and tests/kernels/test_private_copy.py
+# (a tile's operands packed in pinned memory), useful on its own.
 #
 # Call 2: `alibi bench runner` with KERNEL (default triton: compiled on the GPU, nothing carried) at batch 64,
 # 128 prompt tokens, 64 new tokens, 3 rounds, on the windows of experiments/prompts/wikipedia-64x512; then greedy
@@ -29,6 +30,7 @@ BATCH=${BATCH:-64} PROMPT_TOKENS=${PROMPT_TOKENS:-128}
 case $STAGE in
   stash)
     timeout $(( $(left) - 20 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/model \
+      tests/kernels/test_private_copy.py \
       --junitxml="$R/pytest-gpu.xml" > "$R/pytest-gpu.txt" 2>&1
     stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
   run)
