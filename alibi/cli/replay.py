@@ -71,10 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     gr.add_argument("--run-index", type=int, default=1, help="with --kernel: which run of the arm this is")
     gr.add_argument("--trace", action="store_true", help="also write trace.pt per run: every module's output "
                     "digests, for `alibi locate RUN_A RUN_B`")
-    gr.add_argument("--cuda-graphs", action="store_true",
-                    help="decode by replaying one CUDA graph per batch size and cache bucket (the same tokens and "
-                         "logit bits as eager decoding in the deterministic runner; recorded in the manifest; a kernel "
-                         "that cannot be captured decodes eagerly, named there)")
+    gr.add_argument("--decode", choices=("auto", "eager", "cuda-graphs"), default="auto",  # greedy.DECODINGS
+                    help="cuda-graphs: decode by replaying one CUDA graph per batch size and cache bucket (the same "
+                         "tokens and logit bits as eager decoding in the deterministic runner; a kernel that cannot be "
+                         "captured decodes eagerly, named in the manifest); eager: one launch per op; auto (default): "
+                         "CUDA graphs on a CUDA device, eager on the CPU and with --trace")
     gr.add_argument("--engine", choices=("own", "vllm"), default="own",
                     help="vllm: every run a cold start of a real vLLM engine (--kernel-a vllm is vLLM's own kernel; an "
                          "alibi kernel name is swapped in by alibi's plugin)")
@@ -168,7 +169,7 @@ def greedy(args: argparse.Namespace) -> int:
                                    new_tokens=args.new_tokens, windows=args.windows, batch_size=args.batch_size,
                                    runs=args.runs, device=args.device, overwrite=args.overwrite, quiet=args.quiet,
                                    deterministic=not args.nondeterministic, trace=args.trace,
-                                   cuda_graphs=args.cuda_graphs)
+                                   decode=args.decode)
         if isinstance(result, int):
             return result
         for line in lib.summary_lines(result):
@@ -182,7 +183,7 @@ def greedy(args: argparse.Namespace) -> int:
                              run_index=args.run_index, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              windows=args.windows, batch_size=args.batch_size, device=args.device,
                              overwrite=args.overwrite, progress=progress("greedy", quiet=args.quiet, unit="prompt"),
-                             deterministic=not args.nondeterministic, trace=args.trace, cuda_graphs=args.cuda_graphs)
+                             deterministic=not args.nondeterministic, trace=args.trace, decode=args.decode)
     print(f"greedy: {len(run.sequences)} prompts × {run.new_tokens} new tokens with {run.kernel or 'the dense model'} "
           f"(batch {run.batch_size}, {run.seconds:.1f}s) → {args.out}")
     return 0
@@ -194,8 +195,8 @@ def _greedy_vllm(args: argparse.Namespace) -> int:
     from alibi.tokens.greedy import summary_lines
 
     if args.device not in (None, "cpu") or args.nondeterministic or args.trace or args.batch_size != 1 \
-            or args.cuda_graphs:
-        raise InputError("--device, --nondeterministic, --trace, --batch-size and --cuda-graphs configure the own "
+            or args.decode != "auto":
+        raise InputError("--device, --nondeterministic, --trace, --batch-size and --decode configure the own "
                          "runner; --engine vllm runs vLLM as it is (it batches the prompts itself)")
     result = greedy_agreement_with_vllm(args.model, args.prompts, args.out, kernel_a=args.kernel_a,
                                         kernel_b=args.kernel_b, prompt_tokens=args.prompt_tokens,

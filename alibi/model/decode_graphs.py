@@ -47,6 +47,17 @@ def cache_bucket(tokens: int) -> int:
     return max(MIN_BUCKET, 1 << max(tokens - 1, 0).bit_length())
 
 
+def release_generator(device: torch.device) -> None:
+    """Free the device's default generator after a failed capture. torch ends a capture that a host sync
+    invalidated with an error before it takes the generator out of capture mode, and from then on every random
+    op on the device raises "Offset increment outside graph capture encountered unexpectedly" (seen on an H100,
+    torch 2.11: the next model's initialisation failed). The generator gets a copy of its own state: the same
+    seed and offset, not capturing."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    generator.graphsafe_set_state(generator.clone_state())
+
+
 @dataclass
 class DecodeStep:
     """One (batch, bucket): the static cache, the step's input buffers, and its graph once captured.
@@ -110,8 +121,12 @@ class GraphDecoder:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            state.logits = self._forward(state)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                state.logits = self._forward(state)
+        except BaseException:
+            release_generator(self.device)
+            raise
         state.graph = graph
         return logits
 

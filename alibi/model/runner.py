@@ -286,7 +286,7 @@ def model_device(kernel: Kernel | None, device: str | None) -> torch.device:
 
 
 def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: str | None = None,
-               deterministic: bool = True, cuda_graphs: bool = False) -> LoadedModel:
+               deterministic: bool = True, cuda_graphs: bool | None = False) -> LoadedModel:
     """Load the checkpoint in `folder` (dense, compressed-tensors W8A8, or block-scaled fp8, the last two with
     `kernel`) into transformers.
 
@@ -296,7 +296,8 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     deterministic: the batch-invariant, deterministic runner (default); False keeps the libraries'
     own attention, norms and flags (`alibi.model.execution`).
     cuda_graphs: greedy decoding replays CUDA graphs (`alibi.model.decode_graphs`; CUDA only); a kernel that
-    cannot be captured decodes eagerly, and the execution mode names it (`graphs_refused`).
+    cannot be captured decodes eagerly, and the execution mode names it (`graphs_refused`). None: graphs when the
+    model runs on a CUDA device, eager decoding elsewhere.
     """
     folder = Path(folder)
     config = read_config(folder)
@@ -313,9 +314,11 @@ def load_model(folder: str | Path, kernel: str | Kernel | None = None, device: s
     dev = model_device(k, device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda requested but torch sees no CUDA device here")
-    if cuda_graphs and dev.type != "cuda":
-        raise InputError(f"--cuda-graphs: the model runs on {dev}; CUDA graphs need a CUDA device (--device cuda, "
-                         "or a CUDA kernel), or drop --cuda-graphs")
+    if cuda_graphs is None:
+        cuda_graphs = dev.type == "cuda"
+    elif cuda_graphs and dev.type != "cuda":
+        raise InputError(f"--decode cuda-graphs: the model runs on {dev}; CUDA graphs need a CUDA device (--device "
+                         "cuda, or a CUDA kernel), or decode eagerly (--decode eager, or auto)")
     if block:  # parsed before the model is built: a layout the kernel does not take is refused first
         blocks = parse_block_fp8(config, tensors, str(folder))
         layout = blocks.scheme.layout

@@ -294,27 +294,38 @@ def generate_with_digests(lm, input_ids: torch.Tensor, windows: tuple[int, ...],
     return tuple(out), tuple(digests)
 
 
-def refuse_trace_with_graphs(trace: bool, cuda_graphs: bool) -> None:
-    if trace and cuda_graphs:
-        raise InputError("--trace and --cuda-graphs: a trace records every module's output as it runs, and a "
-                         "replayed graph runs no module code; drop one of them")
+DECODINGS = ("auto", "eager", "cuda-graphs")
+"""How greedy decoding runs: auto replays CUDA graphs on a CUDA device (eager on the CPU and with --trace)."""
+
+
+def graphs_for(decode: str, trace: bool) -> bool | None:
+    """`load_model`'s cuda_graphs for a --decode choice (None: graphs where the model runs on CUDA); refuses a
+    choice it does not know and --trace with cuda-graphs, in one line."""
+    if decode not in DECODINGS:
+        raise InputError(f"--decode {decode}: choose one of {', '.join(DECODINGS)}")
+    if trace and decode == "cuda-graphs":
+        raise InputError("--trace and --decode cuda-graphs: a trace records every module's output as it runs, and a "
+                         "replayed graph runs no module code; drop one of them (--decode auto traces eagerly)")
+    if decode == "auto":
+        return False if trace else None
+    return decode == "cuda-graphs"
 
 
 def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                    kernel: str | None, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                    batch_size: int = 1, arm: str | None = None, run_index: int = 1, device: str | None = None,
                    overwrite: bool = False, progress: Progress | None = None, deterministic: bool = True,
-                   trace: bool = False, cuda_graphs: bool = False) -> GreedyRun:
+                   trace: bool = False, decode: str = "auto") -> GreedyRun:
     """One run of one arm into the folder `out` (run.json + manifest.json, atomically; with `trace`
-    also trace.pt, every module's output digests for `alibi locate`; with `cuda_graphs` the decode steps
-    replay CUDA graphs, `alibi.model.decode_graphs`)."""
+    also trace.pt, every module's output digests for `alibi locate`; `decode` one of DECODINGS: with CUDA graphs
+    the decode steps replay them, `alibi.model.decode_graphs`, and the manifest's execution mode says so)."""
     model_dir = Path(model_dir)
     prompts = load_prompts(prompts_dir)
     if run_index < 1:
         raise InputError(f"--run-index {run_index}: must be at least 1")
     chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, batch_size, str(prompts_dir),
                             _max_positions(model_dir))
-    refuse_trace_with_graphs(trace, cuda_graphs)
+    cuda_graphs = graphs_for(decode, trace)
     check_output(out, {"--model": model_dir, "--prompts": prompts_dir}, overwrite)
     inputs = open_inputs(model_dir, prompts)
     lm = load_model(model_dir, kernel, device, deterministic=deterministic, cuda_graphs=cuda_graphs)
@@ -362,14 +373,14 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
                   kernel_a: str, kernel_b: str, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                   batch_size: int = 1, runs: int = 2, device: str | None = None, overwrite: bool = False,
                   quiet: bool = False, deterministic: bool = True, trace: bool = False,
-                  cuda_graphs: bool = False) -> GreedyAgreement | int:
+                  decode: str = "auto") -> GreedyAgreement | int:
     """Every run of both arms in a fresh process (a-1, b-1, a-2, b-2, … interleaved, so a drift of the
     machine over time cannot pass for a kernel difference), then the comparison. Returns the
     result, or the exit code of the run that failed (nothing is written then)."""
     model_dir, prompts_dir = Path(model_dir).resolve(), Path(prompts_dir).resolve()
     if runs < 1:
         raise InputError(f"--runs {runs}: must be at least 1 (2 shows that each arm reproduces itself)")
-    refuse_trace_with_graphs(trace, cuda_graphs)
+    graphs_for(decode, trace)
     prompts = load_prompts(prompts_dir)
     chosen = resolve_greedy(prompts, prompt_tokens, new_tokens, windows, batch_size, str(prompts_dir),
                             _max_positions(model_dir))
@@ -384,8 +395,7 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
         common.append("--nondeterministic")
     if trace:
         common.append("--trace")
-    if cuda_graphs:
-        common.append("--cuda-graphs")
+    common += ["--decode", decode]
     try:
         with atomic.staged_dir(out) as stage:
             folders: dict[str, list[Path]] = {"a": [], "b": []}

@@ -30,11 +30,11 @@
 # Kernel payloads, set up when present (as analysis/h200/fp8_block.sh): $PAYLOAD/ecosystem/torchao-0.18.0-*.whl
 # installed into $SITE (/tmp/site, kept while warm, on PYTHONPATH); vLLM's op library and fp8_utils.py when an earlier
 # call left them in /tmp/alibi-vllm (ALIBI_VLLM_OPS, ALIBI_VLLM_FP8_UTILS); FBGEMM's Triton files in /tmp/fbg
-# (ALIBI_FBGEMM_ROOT; unpacked from $PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz when carried). `alibi kernels` is
+# (ALIBI_FBGEMM_ROOT; unpacked from $PAYLOAD/ecosystem/ or $PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz when carried). `alibi kernels` is
 # recorded in kernels.txt.
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to
-# /tmp/src-fp8-block-model (its own folder: analysis/h200/variations.sh can run beside it);
+# /tmp/src-fp8-block-model-PID (a folder per run: another part or script can run beside it);
 # without SRC the carried working tree runs as it is (recorded as such). PAYLOAD (default gpu_payload) names the
 # folder the carried files are in.
 # Results: $OUT/fp8_block_model-STAGE.tgz (env.txt, kernels.txt, prepare.txt, tf/arm-a, tf/arm-b, tf/flips/flips.json,
@@ -68,7 +68,7 @@ for p in "$PAYLOAD"/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stam
 
 if [ -n "${SRC:-}" ]; then
   case $SRC in /*) ;; *) SRC=$REPO/$SRC ;; esac
-  S=/tmp/src-fp8-block-model; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
+  S=/tmp/src-fp8-block-model-$$; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
   cd "$S" || exit 1
   SOURCE="commit $(cat SOURCE_COMMIT)"
 else

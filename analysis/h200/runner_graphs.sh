@@ -12,14 +12,14 @@
 #
 # Call 2: `alibi bench runner` with KERNEL (default triton: compiled on the GPU, nothing carried) at batch 64,
 # 128 prompt tokens, 64 new tokens, 3 rounds, on the windows of experiments/prompts/wikipedia-64x512; then greedy
-# runs of 64 windows × 32 new tokens at batch 1, 16 and 64 with --cuda-graphs and at 64 eagerly, each window's
-# logit digests compared with the eager batch-64 run's (the locked study's batch controls, with graphs on).
+# runs of 64 windows × 32 new tokens at batch 1, 16 and 64 with --decode cuda-graphs and at 64 with --decode eager,
+# each window's logit digests compared with the eager batch-64 run's (the locked study's batch controls, with graphs on).
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src.
 # Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt. Sizes for a CPU dry run of the plumbing (graphs are
 # refused there, named): BATCH (64: the batch and the windows), PROMPT_TOKENS (128), BENCH_NEW_TOKENS (64),
 # GREEDY_NEW_TOKENS (32), REPEATS (3), MID_BATCH (16), e.g. KERNEL=torch-cpu BATCH=4 PROMPT_TOKENS=16
-# BENCH_NEW_TOKENS=3 GREEDY_NEW_TOKENS=2 REPEATS=1 MID_BATCH=2 (the greedy runs with --cuda-graphs then exit 2).
+# BENCH_NEW_TOKENS=3 GREEDY_NEW_TOKENS=2 REPEATS=1 MID_BATCH=2 (the greedy runs with --decode cuda-graphs then exit 2).
 set -u -o pipefail
 STAGE=${STAGE:-${1:-run}}
 . analysis/h200/call.sh runner-graphs
@@ -40,15 +40,15 @@ case $STAGE in
       --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1
     stamp "bench runner: rc $? (0: graphs give eager's bits, 1: they do not)"
     grep -E "^(runner:|mode |deterministic|native)" "$R/bench-runner.txt" | tee -a "$OUT/summary.txt"
-    greedy() {  # greedy NAME BATCH [--cuda-graphs]
+    greedy() {  # greedy NAME BATCH DECODE
       [ "$(left)" -gt 60 ] || { stamp "greedy $1: not run, the call's time is spent"; return 1; }
       timeout $(( $(left) - 20 )) python -m alibi replay greedy --model "$MODEL" --prompts "$PROMPTS" --kernel "$KERNEL" \
         --windows "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --new-tokens "${GREEDY_NEW_TOKENS:-32}" --batch-size "$2" \
-        ${3:-} --quiet --out "$R/greedy-$1" > "$R/greedy-$1.txt" 2>&1
-      stamp "greedy $1 (batch $2 ${3:-eager}): rc $?"
+        --decode "$3" --quiet --out "$R/greedy-$1" > "$R/greedy-$1.txt" 2>&1
+      stamp "greedy $1 (batch $2, decode $3): rc $?"
     }
-    greedy eager-64 "$BATCH" && greedy graphs-64 "$BATCH" --cuda-graphs && greedy graphs-16 "${MID_BATCH:-16}" --cuda-graphs \
-      && greedy graphs-1 1 --cuda-graphs
+    greedy eager-64 "$BATCH" eager && greedy graphs-64 "$BATCH" cuda-graphs \
+      && greedy graphs-16 "${MID_BATCH:-16}" cuda-graphs && greedy graphs-1 1 cuda-graphs
     python - "$R" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, sys
 from pathlib import Path

@@ -13,6 +13,7 @@ from alibi.tokens.greedy import (
     GreedyRun,
     compare_runs,
     first_divergence,
+    graphs_for,
 )
 
 from .conftest import needs_model_extra
@@ -108,10 +109,29 @@ def test_cuda_graph_decoding_is_refused_with_a_trace_and_on_the_cpu_before_anyth
     from alibi.cli import main
 
     common = ["replay", "greedy", "--model", str(tiny / "w8a8"), "--prompts", str(tiny / "set"), "--prompt-tokens",
-              "16", "--new-tokens", "4", "--quiet", "--cuda-graphs"]
+              "16", "--new-tokens", "4", "--quiet", "--decode", "cuda-graphs"]
     assert main([*common, "--kernel-a", "torch-cpu", "--kernel-b", "torch-cpu", "--trace",
                  "--out", str(tmp_path / "both")]) == 2
-    assert "--trace and --cuda-graphs" in capsys.readouterr().err
+    assert "--trace and --decode cuda-graphs" in capsys.readouterr().err
     assert main([*common, "--kernel", "torch-cpu", "--out", str(tmp_path / "cpu")]) == 2
     assert "CUDA graphs need a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "both").exists() and not (tmp_path / "cpu").exists()
+
+
+def test_auto_decoding_asks_for_graphs_only_where_they_can_run_and_never_with_a_trace():
+    assert graphs_for("auto", trace=False) is None  # load_model decides: graphs on a CUDA device only
+    assert graphs_for("auto", trace=True) is False
+    assert (graphs_for("eager", trace=False), graphs_for("cuda-graphs", trace=False)) == (False, True)
+    with pytest.raises(InputError, match="--decode graphs: choose one of auto, eager, cuda-graphs"):
+        graphs_for("graphs", trace=False)
+
+
+@needs_model_extra
+def test_auto_decoding_on_the_cpu_decodes_eagerly_and_records_no_decoding(tiny, tmp_path):
+    from alibi.cli import main
+
+    out = tmp_path / "run"
+    assert main(["replay", "greedy", "--model", str(tiny / "w8a8"), "--prompts", str(tiny / "set"), "--prompt-tokens",
+                 "16", "--new-tokens", "2", "--quiet", "--kernel", "torch-cpu", "--out", str(out)]) == 0
+    execution = json.loads((out / "manifest.json").read_text())["predicate"]["parameters"]["execution"]
+    assert "decode" not in execution and "graphs_refused" not in execution
