@@ -32,7 +32,7 @@ import torch
 
 from alibi.errors import InputError, one_line
 from alibi.governance.identity import require_identity
-from alibi.governance.manifest import write_manifest
+from alibi.governance.manifest import read_manifest, write_manifest
 from alibi.io import atomic
 from alibi.io.progress import Progress
 from alibi.io.typed import TypedResult
@@ -311,6 +311,20 @@ def graphs_for(decode: str, trace: bool) -> bool | None:
     return decode == "cuda-graphs"
 
 
+def refuse_mixed_decoding(run_a: Path, run_b: Path) -> None:
+    """Under --decode auto each arm decodes with CUDA graphs unless its kernel cannot be captured; arms that ended
+    up decoding differently would break the identity contract at the end, so the first pair of runs stops the
+    study here, in one line naming the arm that could not be captured."""
+    execution = {arm: read_manifest(run).statement["predicate"]["parameters"].get("execution") or {}
+                 for arm, run in (("a", run_a), ("b", run_b))}
+    decoding = {arm: e.get("decode", "eager") for arm, e in execution.items()}
+    if decoding["a"] != decoding["b"]:
+        eager = "a" if decoding["a"] == "eager" else "b"
+        why = execution[eager].get("graphs_refused") or "it decoded eagerly"
+        raise InputError(f"--decode auto: arm {eager} decoded eagerly ({why}) and the other arm with CUDA graphs; "
+                         "the arms must decode alike: pass --decode eager")
+
+
 def run_greedy_arm(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, out: str | os.PathLike, *,
                    kernel: str | None, prompt_tokens: int, new_tokens: int, windows: int | None = None,
                    batch_size: int = 1, arm: str | None = None, run_index: int = 1, device: str | None = None,
@@ -408,6 +422,8 @@ def run_agreement(model_dir: str | os.PathLike, prompts_dir: str | os.PathLike, 
                     if code:
                         raise StepFailed(code)
                     folders[label].append(folder)
+                if i == 1 and decode == "auto":
+                    refuse_mixed_decoding(folders["a"][0], folders["b"][0])
             identity = {"a-1 vs b-1": require_identity(folders["a"][0], folders["b"][0], ("kernel",)).as_dict()}
             for label in ("a", "b"):
                 for j, folder in enumerate(folders[label][1:], start=2):

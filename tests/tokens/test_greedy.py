@@ -135,3 +135,28 @@ def test_auto_decoding_on_the_cpu_decodes_eagerly_and_records_no_decoding(tiny, 
                  "16", "--new-tokens", "2", "--quiet", "--kernel", "torch-cpu", "--out", str(out)]) == 0
     execution = json.loads((out / "manifest.json").read_text())["predicate"]["parameters"]["execution"]
     assert "decode" not in execution and "graphs_refused" not in execution
+
+
+def _run_with_execution(folder, execution):
+    from alibi.governance.manifest import build_predicate, write_manifest
+
+    folder.mkdir()
+    (folder / "run.json").write_text("{}")
+    write_manifest(folder, "replay", build_predicate(parameters={"execution": execution}))
+    return folder
+
+
+def test_arms_that_auto_decoding_split_between_graphs_and_eager_stop_the_study_naming_the_eager_arm(tmp_path):
+    from alibi.tokens.greedy import refuse_mixed_decoding
+
+    graphs = _run_with_execution(tmp_path / "a", {"deterministic": True, "decode": "cuda-graphs",
+                                                  "graphs_refused": None})
+    refused = _run_with_execution(tmp_path / "b", {"deterministic": True, "decode": "eager",
+                                                   "graphs_refused": "kernel k cannot be captured in a CUDA graph"})
+    with pytest.raises(InputError, match="arm b decoded eagerly \\(kernel k cannot be captured in a CUDA graph\\) "
+                                         "and the other arm with CUDA graphs; .* pass --decode eager"):
+        refuse_mixed_decoding(graphs, refused)
+    eager = _run_with_execution(tmp_path / "c", {"deterministic": True})  # eager on the CPU: no decode recorded
+    refuse_mixed_decoding(eager, _run_with_execution(tmp_path / "d", {"deterministic": True}))
+    with pytest.raises(InputError, match="arm a decoded eagerly \\(it decoded eagerly\\)"):
+        refuse_mixed_decoding(eager, graphs)
