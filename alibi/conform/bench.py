@@ -12,6 +12,11 @@ synchronize at its end, which stops the host from queueing work ahead of the GPU
 than a plain one (`staged`, reported beside it; the stage split is the staged runs' median). Tile
 generation or reading is outside the timing (it happens once, before).
 
+On the GPU one more plain run goes under torch.profiler: the time its device events (kernels, copies, sets) cover,
+their spans' union (`device_busy_seconds`), set against the plain runs' median wall is `device_busy`, how much of
+a run the GPU works, so how far the run is from the device's limit (the host's profiling overhead lengthens that
+run's wall, not its device spans). On the CPU it is null: there is no separate device.
+
 Each check device given (`cuda`, `cpu`) runs the whole pipeline; the verdict and every unit's counts
 must be the same on all of them — the result records whether they are (`identical_results`), so the
 GPU path of the exact reference is shown to give the CPU path's bits on the tiles benchmarked.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +58,9 @@ class DeviceTiming:
     """One check device: the wall of the plain runs (`wall`: what `alibi conform` pays once warm, None in a v1
     result, which had none) and of the staged runs (`staged`), the median seconds per stage over the staged runs,
     the wall of the warm-up run (`warmup_seconds`: the whole source run once, first in the process; None, and
-    absent from the document, where the warm-up ran on the first tile only and was not timed), and the
-    exact-reference path that ran."""
+    absent from the document, where the warm-up ran on the first tile only and was not timed), the exact-reference
+    path that ran, and the GPU's busy time in one profiled plain run (`device_busy_seconds`; None on the CPU, and
+    in results made before it was measured)."""
 
     check_device: str
     reference_path: str
@@ -62,11 +69,21 @@ class DeviceTiming:
     wall: Wall | None
     staged: Wall
     stage_seconds: dict[str, float]
+    device_busy_seconds: float | None = None
+
+    @property
+    def device_busy(self) -> float | None:
+        """The fraction of a plain run's median wall during which the GPU ran work (None where not measured)."""
+        if self.device_busy_seconds is None or self.wall is None:
+            return None
+        return self.device_busy_seconds / self.wall.seconds
 
     @classmethod
     def _layout_in(cls, doc: dict[str, Any], where: str) -> dict[str, Any]:
-        """`warmup_seconds` absent: not measured (the first v2 results, 4785b26, warmed up on the first tile only)."""
+        """`warmup_seconds` absent: not measured (the first v2 results, 4785b26, warmed up on the first tile only);
+        `device_busy_seconds` absent: a result made before the GPU's busy time was measured."""
         doc.setdefault("warmup_seconds", None)
+        doc.setdefault("device_busy_seconds", None)
         return doc
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +136,29 @@ def _v1_timing(t: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in t.items() if k not in flat}, "wall": None,
             "staged": {"seconds": t.get("total_seconds"), "spread": t.get("total_spread"),
                        "elements_per_s": t.get("elements_per_s")}}
+
+
+def covered_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by the union of (start, end) spans given in microseconds (overlapping work counts once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6
+
+
+def device_busy_seconds(run: Callable[[], object]) -> float:
+    """The GPU's busy time during `run()`: the union of its device events' spans under torch.profiler."""
+    # deferred: keeps torch out of start-up
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return covered_seconds((e.time_range.start, e.time_range.end) for e in prof.events()
+                           if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def reference_path(device: str) -> str:
@@ -175,11 +215,16 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
             stages.append(timer.seconds)
             if progress:
                 progress(f"{device} staged run {i + 1}/{repeats}: {seconds:.3f} s")
+        busy = None
+        if torch.device(device).type == "cuda":
+            busy = device_busy_seconds(lambda: run_conformance(pair, source, regimes, device=device))
+            if progress:
+                progress(f"{device} profiled plain run: the GPU busy {busy:.3f} s")
         reports.append(report)
         elements = sum(u.n_elements for u in report.tiles)
         timings.append(DeviceTiming(device, reference_path(device), repeats, warmup, wall(plain, elements),
                                     wall(staged, elements),
-                                    {k: statistics.median(s[k] for s in stages) for k in StageTimer.STAGES}))
+                                    {k: statistics.median(s[k] for s in stages) for k in StageTimer.STAGES}, busy))
     first = reports[0]
     return ConformBench(pair.a.name, pair.b.name, source.record, len(first.tiles),
                         sum(u.n_elements for u in first.tiles), first.verdict,
@@ -193,20 +238,23 @@ def format_table(result: ConformBench) -> str:
     lines = [(f"alibi bench conform: {result.kernel_a} vs {result.kernel_b} on {result.source.get('label')}: "
               f"{result.units} units, {result.output_elements:,} output elements, verdict {result.verdict}"),
              (f"  {'check device':<12} {'wall s':>7} {'M elem/s':>9} {'spread s':>13}   {'staged s':>8} "
-              f"{'M elem/s':>9} {'kernels':>8} {'reference':>9} {'checks':>7} {'io':>7}")]
+              f"{'M elem/s':>9} {'kernels':>8} {'reference':>9} {'checks':>7} {'io':>7} {'GPU busy':>8}")]
     for t in result.timings:
         s, w = t.stage_seconds, t.wall
         plain = (f"{w.seconds:7.3f} {w.elements_per_s / 1e6:9.1f} {w.spread[0]:6.3f}–{w.spread[1]:.3f}" if w
                  else f"{'–':>7} {'–':>9} {'–':>13}")
         lines.append(f"  {t.check_device:<12} {plain}   {t.staged.seconds:8.3f} {t.staged.elements_per_s / 1e6:9.1f} "
-                     f"{s['kernels']:8.3f} {s['reference']:9.3f} {s['checks']:7.3f} {s['io']:7.3f}")
+                     f"{s['kernels']:8.3f} {s['reference']:9.3f} {s['checks']:7.3f} {s['io']:7.3f} "
+                     + (f"{t.device_busy:8.1%}" if t.device_busy is not None else f"{'–':>8}"))
     warmups = ", ".join(f"{t.check_device} {t.warmup_seconds:.3f} s" for t in result.timings
                         if t.warmup_seconds is not None)
     lines.append("  wall: plain runs, as `alibi conform` runs once warm; staged: runs split by stage, each stage "
-                 "synchronized at its end" + (f"; warm-up run (first in the process): {warmups}" if warmups else ""))
+                 "synchronized at its end; GPU busy: the device's share of the plain wall, from one profiled run"
+                 + (f"; warm-up run (first in the process): {warmups}" if warmups else ""))
     lines.append("  same verdict and per-unit counts on every check device: "
                  + ("yes" if result.identical_results else "NO"))
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMA", "V1", "ConformBench", "DeviceTiming", "Wall", "bench_conform", "format_table"]
+__all__ = ["SCHEMA", "V1", "ConformBench", "DeviceTiming", "Wall", "bench_conform", "covered_seconds",
+           "device_busy_seconds", "format_table"]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from alibi.cli import main
-from alibi.conform.bench import ConformBench, bench_conform, format_table
+from alibi.conform.bench import ConformBench, bench_conform, covered_seconds, format_table
 from alibi.conform.pipeline import Pair, StageTimer, run_conformance, source_from_preset
 from alibi.kernels.registry import get_kernel
 
@@ -26,6 +26,7 @@ def test_the_stage_split_adds_up_to_no_more_than_the_staged_wall_and_every_stage
     tiles = source_from_preset("smollm2-135m-bias", rows=8).tiles
     assert result.units == 2 * len(tiles) and result.output_elements == 2 * sum(t.M * t.N for t in tiles)
     assert result.identical_results and result.verdict == "pass"
+    assert t.device_busy_seconds is None and t.device_busy is None  # no separate device on the CPU
 
 
 def test_timing_the_pipeline_does_not_change_its_report():
@@ -74,3 +75,28 @@ def test_bad_flags_are_refused_with_exit_2_and_nothing_written(tmp_path, flag, v
     out = tmp_path / "b.json"
     assert main(["bench", "conform", "--synthetic", "tiny", flag, value, "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_device_spans_count_once_where_they_overlap_and_gaps_do_not_count():
+    # microseconds: [0, 10] and [5, 20] overlap (20 covered), [30, 31] apart, [31, 35] touching it, [32, 33] inside
+    assert covered_seconds([(30, 31), (0, 10), (5, 20), (31, 35), (32, 33)]) == pytest.approx(25e-6)
+    assert covered_seconds([]) == 0.0
+
+
+def test_a_v2_result_made_before_the_gpu_busy_time_was_measured_reads_with_none_and_shows_a_dash():
+    result = bench_conform(Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test"),
+                           source_from_preset("tiny"), devices=["cpu"], repeats=1)
+    doc = json.loads(result.to_json())
+    assert doc["timings"][0]["device_busy_seconds"] is None
+    del doc["timings"][0]["device_busy_seconds"]
+    (t,) = ConformBench.from_json(json.dumps(doc)).timings
+    assert t.device_busy_seconds is None and format_table(result).splitlines()[2].endswith("–")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_busy_share_of_a_host_bound_run_is_measured_and_below_one():
+    result = bench_conform(Pair(get_kernel("cublas"), get_kernel("triton"), "bench test"), source_from_preset("tiny"),
+                           devices=["cuda"], repeats=1)
+    (t,) = result.timings
+    assert 0 < t.device_busy < 1  # the tiny preset's launches hold the host far longer than the GPU
+    assert "%" in format_table(result)
