@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=run_runner)
 
 
+def _check_result_file(out: Path, inputs: dict[str, Path | None]) -> None:
+    """Refuse, before any work, an --out that would overwrite an input, sits in an unwritable folder or is a folder."""
+    atomic.refuse_overlap(out, inputs, what="the bench result")
+    atomic.check_writable_dir(out.parent)
+    if out.is_dir():
+        raise InputError(f"--out {out}: is a folder; name the JSON file to write")
+
+
 def run_runner(args: argparse.Namespace) -> int:
     # deferred: keeps torch out of start-up
     from alibi.model.runner_bench import MODES, bench_runner, format_table
@@ -83,10 +91,7 @@ def run_runner(args: argparse.Namespace) -> int:
     bad = sorted(set(modes) - set(MODES))
     if bad or not modes:
         raise InputError(f"--modes {args.modes!r}: expected deterministic, native or both, comma-separated")
-    atomic.refuse_overlap(args.out, {"--model": args.model, "--prompts": args.prompts}, what="the bench result")
-    atomic.check_writable_dir(args.out.parent)
-    if args.out.is_dir():
-        raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
+    _check_result_file(args.out, {"--model": args.model, "--prompts": args.prompts})
     say = None if args.quiet else (lambda line: print(f"  {line}", file=sys.stderr))
     result = bench_runner(args.model, args.kernel, device=args.device, prompts=args.prompts, batch=args.batch,
                           prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
@@ -113,10 +118,7 @@ def run_conform(args: argparse.Namespace) -> int:
         raise InputError(f"--check-devices: {', '.join(bad) or 'empty'} not understood; use cuda and/or cpu")
     if "cuda" in devices and not torch.cuda.is_available():
         raise KernelUnavailable("--check-devices cuda: no CUDA GPU here (torch.cuda.is_available() is False)")
-    atomic.refuse_overlap(args.out, {"--tiles": args.tiles}, what="the bench result")
-    atomic.check_writable_dir(args.out.parent)
-    if args.out.is_dir():
-        raise InputError(f"--out {args.out}: is a folder; name the JSON file to write")
+    _check_result_file(args.out, {"--tiles": args.tiles})
     if args.tiles is not None:
         if args.rows is not None:
             raise InputError("--rows applies to --synthetic presets, not to --tiles")

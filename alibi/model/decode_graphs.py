@@ -176,4 +176,4 @@ def greedy_loop(last: torch.Tensor, prompt: int, new_tokens: int, step: Callable
         last = step(nxt, prompt + len(chosen) - 1)
 
 
-__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "greedy_loop"]
+__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "greedy_loop", "release_generator"]

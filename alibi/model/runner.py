@@ -44,9 +44,9 @@ from alibi.kernels.base import Kernel
 from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config, read_tensors
 from alibi.model.compressed_tensors import parse_w8a8
-from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
 from alibi.model.decode_graphs import GraphDecoder, greedy_loop
 from alibi.model.execution import ExecutionMode, apply_execution_mode
+from alibi.model.fp8_block_checkpoint import is_block_fp8_config, parse_block_fp8
 from alibi.tiles.tile import BLOCK_FORMAT
 
 Observer = Callable[["W8A8Linear", torch.Tensor, torch.Tensor], None]

@@ -37,11 +37,10 @@ from torch.profiler import ProfilerActivity, profile
 from alibi.errors import InputError
 from alibi.governance.environment import environment_record
 from alibi.io.typed import TypedResult
-from alibi.kernels.registry import get_kernel
 from alibi.model.checkpoint import read_config
 from alibi.model.execution import set_library_flags
 from alibi.model.prompts import load_prompt_set
-from alibi.model.runner import load_model, model_device
+from alibi.model.runner import load_model
 
 SCHEMA = "alibi.bench-runner/v1"
 MODES = ("deterministic", "native")
@@ -159,8 +158,7 @@ def bench_runner(folder: str | Path, kernel: str | None, *, device: str | None =
         ids = _window_ids(load_prompt_set(prompts).input_ids, batch, prompt_tokens, prompts, vocab)
     else:
         ids = torch.randint(0, vocab, (batch, prompt_tokens), generator=torch.Generator().manual_seed(0))
-    on_cuda = model_device(get_kernel(kernel) if kernel else None, device).type == "cuda"
-    models = {mode: load_model(folder, kernel, device, deterministic=mode == "deterministic", cuda_graphs=on_cuda)
+    models = {mode: load_model(folder, kernel, device, deterministic=mode == "deterministic", cuda_graphs=None)
               for mode in modes}
     decodings = {mode: {"eager": dataclasses.replace(lm, decoder=None),
                         **({"cuda-graphs": lm} if lm.decoder is not None else {})} for mode, lm in models.items()}

@@ -9,7 +9,7 @@
 # The GGUF (98 MB) travels in two parts as for analysis/h200/variations.sh (`split -n 2 SmolLM2-135M-Instruct.Q4_1.gguf
 # gpu_payload/smollm2.gguf.part-`); each call keeps the part it brought in $W (/tmp/alibi), which lives as long as the
 # machine stays warm; `alibi model prepare` checks the joined file's pinned sha256. The block checkpoint is kept in
-# $W/model-fp8-block, so a third call (STAGE=run, nothing carried but the source) reuses it: e.g. PARTS=flips in call 2
+# $W/model-fp8-block (analysis/h200/call.sh's prepare_model, which also sets up the call's clock, log and source), so a third call (STAGE=run, nothing carried but the source) reuses it: e.g. PARTS=flips in call 2
 # and PARTS=variations in call 3. Stage stash also lists the kernels, runs the GPU tests of
 # tests/kernels/test_fp8_block_kernels.py (each available block kernel against the emulator), reads every available
 # block kernel's schedule by probe (analysis/h200/fp8_block_measure.py --parts identify: identify/identify.json;
@@ -30,14 +30,14 @@
 # Kernel payloads, set up when present (as analysis/h200/fp8_block.sh): $PAYLOAD/ecosystem/torchao-0.18.0-*.whl
 # installed into $SITE (/tmp/site, kept while warm, on PYTHONPATH); vLLM's op library and fp8_utils.py when an earlier
 # call left them in /tmp/alibi-vllm (ALIBI_VLLM_OPS, ALIBI_VLLM_FP8_UTILS); FBGEMM's Triton files in /tmp/fbg
-# (ALIBI_FBGEMM_ROOT; unpacked from $PAYLOAD/ecosystem/ or $PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz when carried). `alibi kernels` is
-# recorded in kernels.txt.
+# (ALIBI_FBGEMM_ROOT; unpacked from $PAYLOAD/ecosystem/ or $PAYLOAD/fbg/fbgemm_triton_gemm-1.6.0.tar.xz when
+# carried). `alibi kernels` is recorded in kernels.txt.
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to
-# /tmp/src-fp8-block-model-PID (a folder per run: another part or script can run beside it);
+# /tmp/src-fp8_block_model-PID (a folder per run: another part or script can run beside it);
 # without SRC the carried working tree runs as it is (recorded as such). PAYLOAD (default gpu_payload) names the
 # folder the carried files are in.
-# Results: $OUT/fp8_block_model-STAGE.tgz (env.txt, kernels.txt, prepare.txt, tf/arm-a, tf/arm-b, tf/flips/flips.json,
+# Results: $OUT/fp8_block_model-STAGE.tgz (env.txt, kernels.txt, prepare-fp8-block.txt, tf/arm-a, tf/arm-b, tf/flips/flips.json,
 # var-<mode>/variations.json, a log per step) and $OUT/summary.txt, packed even when a part fails. BUDGET_S (default
 # 570) bounds the call.
 # CPU dry run of the plumbing (the exact block emulators, tiny sizes; W and SITE away from /tmp/alibi and /tmp/site;
@@ -54,30 +54,10 @@
 set -u -o pipefail
 : "${OUT:?set OUT}"
 STAGE=${STAGE:-${1:-run}}
-REPO=$PWD
-PAYLOAD=${PAYLOAD:-gpu_payload}
-case $PAYLOAD in /*) ;; *) PAYLOAD=$REPO/$PAYLOAD ;; esac
-W=${W:-/tmp/alibi}
 SITE=${SITE:-/tmp/site}
-mkdir -p "$W" "$OUT"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
-left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }  # seconds left of this call
+. analysis/h200/call.sh fp8_block_model
 want() { case " ${PARTS:-flips variations} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-for p in "$PAYLOAD"/smollm2.gguf.part-*; do [ -f "$p" ] && cp "$p" "$W/" && stamp "kept $(basename "$p") in $W"; done
-
-if [ -n "${SRC:-}" ]; then
-  case $SRC in /*) ;; *) SRC=$REPO/$SRC ;; esac
-  S=/tmp/src-fp8-block-model-$$; rm -rf "$S"; mkdir -p "$S"; tar -xzf "$SRC" -C "$S" || { stamp "no source archive $SRC"; exit 1; }
-  cd "$S" || exit 1
-  SOURCE="commit $(cat SOURCE_COMMIT)"
-else
-  SOURCE="working tree as carried (HEAD $(git rev-parse HEAD 2>/dev/null || echo unknown), changes not recorded)"
-fi
-export PYTHONPATH=$PWD:$SITE PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export TRITON_CACHE_DIR=$W/triton-cache TORCHAO_AUTOTUNER_DATA_PATH=$W/torchao-autotune.pkl  # kept while warm
-R=$OUT/fp8_block_model
-mkdir -p "$R"
+export TORCHAO_AUTOTUNER_DATA_PATH=$W/torchao-autotune.pkl  # kept while warm
 pack() {  # always: whatever is in $R goes back
   trap - EXIT
   tar -C "$OUT" -czf "$OUT/fp8_block_model-$STAGE.tgz" fp8_block_model && rm -rf "$R"
@@ -99,13 +79,8 @@ V=/tmp/alibi-vllm
 if [ -f "$V/_C_stable_libtorch.abi3.so" ] && [ -f "$V/fp8_utils.py" ]; then
   export ALIBI_VLLM_OPS=$V/_C_stable_libtorch.abi3.so ALIBI_VLLM_FP8_UTILS=$V/fp8_utils.py
 fi
-
-{ echo "source: $SOURCE"
-  if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; else echo "no nvidia-smi"; fi
-  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  lscpu | grep -E 'Model name|^CPU\(s\)'
-  echo "ALIBI_FBGEMM_ROOT=${ALIBI_FBGEMM_ROOT:-} ALIBI_VLLM_OPS=${ALIBI_VLLM_OPS:-} ALIBI_VLLM_FP8_UTILS=${ALIBI_VLLM_FP8_UTILS:-}"; } > "$R/env.txt" 2>&1
-stamp "stage $STAGE; $(head -3 "$R/env.txt" | tr '\n' ' ')"
+echo "ALIBI_FBGEMM_ROOT=${ALIBI_FBGEMM_ROOT:-} ALIBI_VLLM_OPS=${ALIBI_VLLM_OPS:-} ALIBI_VLLM_FP8_UTILS=${ALIBI_VLLM_FP8_UTILS:-}" \
+  >> "$R/env.txt"
 python -m alibi kernels > "$R/kernels.txt" 2>&1
 stamp "kernels: rc $?; block kernels available: $(grep -E -- '-block[^ ]* +fp8_e4m3_block +[a-z]+ +yes ' "$R/kernels.txt" | grep -v '^emulator' | cut -d' ' -f1 | tr '\n' ' ')"
 
@@ -131,18 +106,7 @@ case $STAGE in
     stamp "matrix M=1 ($avail and the emulators): rc $?"; grep -E "bitwise|explained|unexplained" "$R/matrix-m1.txt" \
       | head -n 4 | tee -a "$OUT/summary.txt" ;;
   run)
-    MODEL=$W/model-fp8-block/fp8-block
-    if [ ! -f "$MODEL/manifest.json" ]; then
-      for x in aa ab; do [ -f "$W/smollm2.gguf.part-$x" ] || { stamp "GGUF part $x missing: run STAGE=stash first"; exit 1; }; done
-      cat "$W/smollm2.gguf.part-aa" "$W/smollm2.gguf.part-ab" > "$W/s-fp8-block.gguf"  # not call.sh's s.gguf
-      rm -rf "$W/model-fp8-block"
-      timeout 240 python -m alibi model prepare smollm2-135m --gguf "$W/s-fp8-block.gguf" --format fp8-block \
-        --out "$W/model-fp8-block" > "$R/prepare.txt" 2>&1
-      rc=$?; stamp "prepare fp8-block: rc $rc"; [ $rc = 0 ] || { tail -n 5 "$R/prepare.txt" | tee -a "$OUT/summary.txt"; exit 1; }
-      rm -f "$W/s-fp8-block.gguf"
-    else
-      stamp "fp8-block checkpoint kept from an earlier call: $MODEL"
-    fi
+    prepare_model fp8-block || exit 1
     cp "$MODEL/manifest.json" "$R/checkpoint-manifest.json"
     step() {  # step NAME RESERVE_S COMMAND...: run under timeout (time left - RESERVE_S), log $R/NAME.txt, rc in $RC
       local name=$1 reserve=$2; shift 2

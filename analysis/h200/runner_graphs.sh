@@ -15,7 +15,7 @@
 # runs of 64 windows × 32 new tokens at batch 1, 16 and 64 with --decode cuda-graphs and at 64 with --decode eager,
 # each window's logit digests compared with the eager batch-64 run's (the locked study's batch controls, with graphs on).
 #
-# Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src.
+# Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to /tmp/src-runner-graphs-PID.
 # Results: $OUT/runner-graphs-STAGE.tgz and $OUT/summary.txt. Sizes for a CPU dry run of the plumbing (graphs are
 # refused there, named): BATCH (64: the batch and the windows), PROMPT_TOKENS (128), BENCH_NEW_TOKENS (64),
 # GREEDY_NEW_TOKENS (32), REPEATS (3), MID_BATCH (16), e.g. KERNEL=torch-cpu BATCH=4 PROMPT_TOKENS=16
@@ -34,7 +34,7 @@ case $STAGE in
       --junitxml="$R/pytest-gpu.xml" > "$R/pytest-gpu.txt" 2>&1
     stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
   run)
-    prepare_w8a8 || exit 1
+    prepare_model w8a8 || exit 1
     timeout $(( $(left) - 20 )) python -m alibi bench runner --model "$MODEL" --kernel "$KERNEL" --prompts "$PROMPTS" \
       --batch "$BATCH" --prompt-tokens "$PROMPT_TOKENS" --new-tokens "${BENCH_NEW_TOKENS:-64}" --repeats "${REPEATS:-3}" \
       --out "$R/bench-runner.json" > "$R/bench-runner.txt" 2>&1

@@ -22,7 +22,7 @@
 # cold-restart child (PARALLEL=0: one after the other, for undisturbed `seconds`).
 #
 # Source: SRC=gpu_payload/src.tar.gz (analysis/h200/pack_source.sh COMMIT) runs that commit, unpacked to
-# /tmp/src; without SRC the carried working tree runs as it is (recorded as such).
+# /tmp/src-variations-PID; without SRC the carried working tree runs as it is (recorded as such).
 # Results: $OUT/variations-STAGE.tgz (one folder per mode: variations.json, report.md, report.html, manifest.json,
 # the log) and $OUT/summary.txt.
 set -u -o pipefail
@@ -35,7 +35,7 @@ case $STAGE in
       tests/tokens/test_variations_protocol.py > "$R/pytest-gpu.txt" 2>&1
     stamp "gpu tests: rc $?"; tail -n 3 "$R/pytest-gpu.txt" | tee -a "$OUT/summary.txt" ;;
   run)
-    prepare_w8a8 || exit 1
+    prepare_model w8a8 || exit 1
     variations() {  # variations MODE: one `alibi variations` run into $R/MODE, its log $R/MODE.txt
       local mode=$1 flag=""
       [ "$mode" = native ] && flag=--nondeterministic
