@@ -15,7 +15,7 @@ generation or reading is outside the timing (it happens once, before).
 On the GPU one more plain run goes under torch.profiler: the time its device events (kernels, copies, sets) cover,
 their spans' union (`device_busy_seconds`), set against the plain runs' median wall is `device_busy`, how much of
 a run the GPU works, so how far the run is from the device's limit (the host's profiling overhead lengthens that
-run's wall, not its device spans). On the CPU it is null: there is no separate device.
+run's wall, not its device spans). On the CPU it is absent: there is no separate device.
 
 Each check device given (`cuda`, `cpu`) runs the whole pipeline; the verdict and every unit's counts
 must be the same on all of them — the result records whether they are (`identical_results`), so the
@@ -59,8 +59,8 @@ class DeviceTiming:
     result, which had none) and of the staged runs (`staged`), the median seconds per stage over the staged runs,
     the wall of the warm-up run (`warmup_seconds`: the whole source run once, first in the process; None, and
     absent from the document, where the warm-up ran on the first tile only and was not timed), the exact-reference
-    path that ran, and the GPU's busy time in one profiled plain run (`device_busy_seconds`; None on the CPU, and
-    in results made before it was measured)."""
+    path that ran, and the GPU's busy time in one profiled plain run (`device_busy_seconds`; None, and absent from
+    the document, on the CPU and in results made before it was measured)."""
 
     check_device: str
     reference_path: str
@@ -87,8 +87,10 @@ class DeviceTiming:
         return doc
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
-        if doc["warmup_seconds"] is None:
-            del doc["warmup_seconds"]
+        """A field not measured is absent, as in the results written before it existed."""
+        for name in ("warmup_seconds", "device_busy_seconds"):
+            if doc[name] is None:
+                del doc[name]
         return doc
 
 
