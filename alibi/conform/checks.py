@@ -22,7 +22,7 @@ import torch
 
 from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, is_pow2, ulp_distance
+from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, ulp_distance
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -208,18 +208,14 @@ def _normal_range_mask(reference_fp32: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(reference_fp32) & ((a >= torch.finfo(torch.float32).tiny) | (a == 0))
 
 
-def pow2_identity_measure(differs: torch.Tensor, s_w: torch.Tensor, reference_fp32: torch.Tensor | None
+def pow2_identity_measure(differs: torch.Tensor, reference_fp32: torch.Tensor
                           ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Per unit of a batch: whether every weight scale is a power of two, how many outputs differ where the fp32
+    """Per unit of a batch whose weight scales are all powers of two: how many outputs differ where the fp32
     reference (`apply_epilogue` under a_then_w, no bias) is a finite normal number or zero, and how many elements
     it excludes; and the mask of the judged differences (for the first one)."""
-    all_pow2 = is_pow2(s_w).reshape(s_w.shape[0], -1).all(1)
-    if reference_fp32 is None:
-        return {"all_pow2": all_pow2, "n_excluded": torch.zeros_like(all_pow2, dtype=torch.int64),
-                "n_differing": count(differs)}, differs
     normal = _normal_range_mask(reference_fp32)
     judged = differs & normal
-    return {"all_pow2": all_pow2, "n_excluded": count(~normal), "n_differing": count(judged)}, judged
+    return {"n_excluded": count(~normal), "n_differing": count(judged)}, judged
 
 
 def pow2_identity_verdict(all_pow2: bool, int32_safe: bool, n: int, n_excluded: int, n_differing: int,
@@ -286,22 +282,27 @@ def near_zero_mask(exact: torch.Tensor, out_dtype: str) -> tuple[torch.Tensor, t
     return top, (mag < floor.reshape(-1, *([1] * (mag.dim() - 1)))) | (mag == 0)
 
 
-def near_zero_measure(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
-                      exact: torch.Tensor, top: torch.Tensor, near: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per unit of a batch: the near-zero split's counts and the ulp / relative maxima above the floor
-    (`near_zero_mask` gave `top` and `near`); a relative maximum of -inf means no differing element above it."""
-    B = out_a.shape[0]
+def near_zero_measure(differs: torch.Tensor, ulp: torch.Tensor, top: torch.Tensor, near: torch.Tensor
+                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per unit of a batch: the near-zero split's counts and the ulp maximum above the floor (`near_zero_mask` gave
+    `top` and `near`); and the mask of the elements above it (finite pairs), whose differing ones the relative
+    maximum is taken over (`max_relative_difference`, `max_rel_above_floor`)."""
     above = (ulp >= 0) & ~near
-    # the relative differences where they are taken, the differing elements above the floor (few, as a rule):
-    # the same fp64 quotient per element as over the whole output, its maximum per unit
-    at = (above & differs).reshape(B, -1).nonzero()
+    return {"top": top, "n_near_zero": count(near), "n_differing_near_zero": count(near & differs),
+            "max_ulp_above_floor": largest(ulp, above), "any_above": anywhere(above)}, above
+
+
+def max_relative_difference(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor, where: torch.Tensor
+                            ) -> torch.Tensor:
+    """[B] float64: each unit's largest |a − b| / |exact| over the elements of `where` (few, as a rule: the
+    differing elements above the near-zero floor), -inf where it has none. The same fp64 quotient per element
+    as over the whole output; finding the elements waits for the device."""
+    B = out_a.shape[0]
+    at = where.reshape(B, -1).nonzero()
     units, positions = at[:, 0], at[:, 1]
     rel = (out_a.reshape(B, -1)[units, positions].double() - out_b.reshape(B, -1)[units, positions].double()).abs() \
         / exact.reshape(B, -1)[units, positions].abs()
-    max_rel = torch.full((B,), -math.inf, dtype=torch.float64, device=out_a.device).scatter_reduce(
-        0, units, rel, "amax")
-    return {"top": top, "n_near_zero": count(near), "n_differing_near_zero": count(near & differs),
-            "max_ulp_above_floor": largest(ulp, above), "any_above": anywhere(above), "max_rel_above_floor": max_rel}
+    return torch.full((B,), -math.inf, dtype=torch.float64, device=out_a.device).scatter_reduce(0, units, rel, "amax")
 
 
 def near_zero_result(m: dict[str, float], out_dtype: str) -> NearZero:

@@ -89,6 +89,8 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
     from alibi.exact.numerics import bits  # torch: only when computing
 
     B, N = differs.shape[0], differs.shape[-1]
+    if not any(counts):
+        return [Differences(0, cap, ()) for _ in counts]
     every = differs.reshape(B, -1).nonzero()  # (unit, position) of every differing element, unit by unit, row-major
     first, start = [], 0  # the rows of `every` listed: each unit's first `cap`
     for n in counts:
@@ -97,14 +99,16 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
     listed = every[torch.tensor(first, dtype=torch.int64, device=every.device)]
     units, positions = listed[:, 0], listed[:, 1]
     a, b = out_a.reshape(B, -1)[units, positions], out_b.reshape(B, -1)[units, positions]
+    # one transfer: every column is exact in float64 (positions < 2^53, bit patterns of ≤ 32 bits, ulp distances)
+    columns = torch.stack([units.double(), positions.double(), bits(a).double(), bits(b).double(), a.double(),
+                           b.double(), ulp.reshape(B, -1)[units, positions].double()]).cpu().tolist()
     width = 2 * out_a.element_size()  # hex digits of one element
     mask = (1 << (8 * out_a.element_size())) - 1
     elements: list[list[ElementDifference]] = [[] for _ in range(B)]
-    for u, pos, ab, bb, va, vb, d in zip(units.tolist(), positions.tolist(), bits(a).tolist(), bits(b).tolist(),
-                                         a.double().tolist(), b.double().tolist(),
-                                         ulp.reshape(B, -1)[units, positions].tolist(), strict=True):
+    for u, pos, ab, bb, va, vb, d in zip(*columns, strict=True):
+        u, pos, ab, bb = int(u), int(pos), int(ab), int(bb)
         elements[u].append(ElementDifference(pos // N, pos % N, f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
-                                             _number(float(va)), _number(float(vb)), None if d < 0 else int(d)))
+                                             _number(va), _number(vb), None if d < 0 else int(d)))
     return [Differences(n, cap, tuple(e)) for n, e in zip(counts, elements, strict=True)]
 
 

@@ -3,12 +3,14 @@
 A conformance unit's checks are a few dozen reductions over its outputs; run one unit at a time, a capture
 of small tiles is bound by per-operation overhead and device synchronizations, not by arithmetic
 (`alibi bench conform`). So the pipeline first runs the kernels of a group of units whose tiles share a
-shape (`UnitRun`: the outputs, the operands as each arm held them, the invariance runs), then `judge` stacks
-the group into tensors [B, ...], runs each check's measurement on the whole batch (`alibi.conform.checks`:
-every measurement is elementwise, or a reduction over one unit's own elements), brings every unit's numbers
-to the host in one transfer, and builds each unit's verdicts from them. A unit's numbers are exactly those it
-gets alone: a batch of one is the same code (tests/conform/test_results_unchanged.py holds the reports to the
-bytes of the unit-by-unit pipeline).
+shape (`UnitRun`: the outputs, the operands as each arm held them, the invariance runs), then `measure` stacks
+the group into tensors [B, ...] and queues each check's measurement on the whole batch (`alibi.conform.checks`:
+every measurement is elementwise, or a reduction over one unit's own elements) without waiting for the device;
+what depends only on the scales is known on the host before (`ScaleFacts`). `Measurement.collect` then brings
+every unit's numbers to the host in one transfer (and, where units differ, their first differences and causes),
+and `Measurement.verdicts` builds each unit's verdicts from them; the pipeline does host work of the next batch
+in between. A unit's numbers are exactly those it gets alone: a batch of one is the same code
+(tests/conform/test_results_unchanged.py holds the reports to the bytes of the unit-by-unit pipeline).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from alibi.conform import checks
 from alibi.conform.differences import first_differences
 from alibi.conform.results import Safety, UnitResult
-from alibi.exact.emulator import INT32_LIMIT, EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
+from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
 from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks, block_schedule_differences
 from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
 from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
@@ -34,15 +36,36 @@ from alibi.tiles.tile import Tile
 Stage = Callable[[str], AbstractContextManager[None]]
 
 
+@dataclass(frozen=True)
+class ScaleFacts:
+    """What a unit's checks know of its scales before any launch, found where the tile's scales lie (the host, for
+    files and presets): whether every weight scale is a power of two (`all_pow2`), how many weight scales its
+    regime changed (`changed`), and how many activation and weight scales are subnormal (`subnormal`)."""
+
+    all_pow2: bool
+    changed: int
+    subnormal: int
+
+    @classmethod
+    def of(cls, original: Tile, t: Tile) -> ScaleFacts:
+        """The facts of `t`, the tile `original` under a regime (one transfer when the scales are on a GPU)."""
+        all_pow2, changed, subnormal = torch.stack([
+            is_pow2(t.s_w).all().to(torch.int64), (original.s_w != t.s_w).sum(),
+            is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()]).tolist()
+        return cls(bool(all_pow2), changed, subnormal)
+
+
 @dataclass
 class PreparedTile:
     """A tile on the check device with what both regimes share: the exact accumulator (int8), each arm's exposed
-    accumulator once a check has asked for it, and the tile under a regime where a batch computed it ahead."""
+    accumulator once a check has asked for it, and per regime the tile under it (`regimes`) and its scale facts
+    (`facts`)."""
 
     tile: Tile
     acc: torch.Tensor | None
+    regimes: dict[str, Tile]
+    facts: dict[str, ScaleFacts]
     exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    regimes: dict[str, Tile] = field(default_factory=dict)  # the tile under a regime, where computed ahead
     scheduled: dict[Any, torch.Tensor] = field(default_factory=dict)  # fp8: model accumulators
 
     def scheduled_accumulator(self, schedule: AccumulationSchedule | BlockSchedule, tile: Tile | None = None,
@@ -198,17 +221,24 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
 
 def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
           invariance: bool = True) -> list[UnitResult]:
-    """Every check of every unit in `runs` (module docstring); runs whose tiles differ in shape, format or what
-    the arms exposed are judged apart, each batch with one transfer of numbers."""
+    """Every check of every unit in `runs` (module docstring): each batch `measure`d, then collected and judged."""
+    results: list[UnitResult | None] = [None] * len(runs)
+    for batch in measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance):
+        batch.collect(stage)
+        for i, unit in zip(batch.indices, batch.verdicts(), strict=True):
+            results[i] = unit
+    return results  # type: ignore[return-value]
+
+
+def measure(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
+            invariance: bool = True) -> list[Measurement]:
+    """Queue every check's measurement of the units in `runs` on the check device, without waiting for any: runs
+    whose tiles differ in shape, format or what the arms exposed are measured apart, one `Measurement` per batch."""
     batches: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
         batches.setdefault(run.shape_key(), []).append(i)
-    results: list[UnitResult | None] = [None] * len(runs)
-    for indices in batches.values():
-        for i, unit in zip(indices, _judge_batch(pair, [runs[i] for i in indices], stage, ulp_threshold, invariance),
-                           strict=True):
-            results[i] = unit
-    return results  # type: ignore[return-value]
+    return [_measure_batch(pair, [runs[i] for i in indices], indices, stage, ulp_threshold, invariance)
+            for indices in batches.values()]
 
 
 @dataclass(frozen=True)
@@ -261,7 +291,65 @@ def unjudged_fp8_reason(d: Declarations, names: dict[str, str], t: Tile) -> str:
     return "; ".join(why) + ": the exact set of differences is not predicted"
 
 
-def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, invariance: bool) -> list[UnitResult]:
+@dataclass
+class Measurement:
+    """One batch's checks as queued on the check device (`measure`): the measured values ([B] tensors, `m`; those
+    measured on some units only, with their indices, `on`), the masks a fired check reads its first mismatch from,
+    and what the host phase needs. `collect` brings the numbers to the host in one transfer (and then, where units
+    differ, their first differences and causes); `verdicts` builds each unit's result from them. The device work
+    of a later batch may be queued between `measure` and `collect` (`alibi.conform.pipeline.evaluate_batches`)."""
+
+    pair: Any
+    runs: list[UnitRun]
+    indices: list[int]  # each run's place in the runs given to `measure`
+    decl: Declarations
+    ulp_threshold: int
+    invariance: bool
+    m: dict[str, torch.Tensor]
+    on: dict[str, list[int]]
+    masks: dict[str, Any]
+    out_a: torch.Tensor
+    out_b: torch.Tensor
+    differs: torch.Tensor
+    ulp: torch.Tensor
+    relative: tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    causes_of: Callable[[], torch.Tensor] | None  # [steps, B]: which step changes bits (`difference_causes`)
+    cause_labels: list[str]
+    accumulators: dict[str, Any]
+    models: dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+    values: list[dict[str, float]] = field(default_factory=list)
+    differences: list[Any] = field(default_factory=list)
+    causes: list[str | None] = field(default_factory=list)
+
+    def collect(self, stage: Stage) -> None:
+        """The batch's numbers on the host (`values`), each unit's first differences and cause."""
+        with stage("checks"):
+            if self.relative is not None:  # the near-zero split's relative maximum, over the few elements it needs
+                units, *operands = self.relative
+                self.m["nz_max_rel_above_floor"] = checks.max_relative_difference(*operands)
+                self.on["nz_max_rel_above_floor"] = units
+            self.values = checks.numbers(self.m, self.on)
+            for run, v in zip(self.runs, self.values, strict=True):
+                facts = run.prepared.facts[run.regime]
+                v.update(pow2_scales_changed=facts.changed, subnormal_scales=facts.subnormal)
+            self.differences = first_differences(self.out_a, self.out_b, self.differs, self.ulp,
+                                                 [int(v["n_differing"]) for v in self.values])
+            self.causes = [None] * len(self.runs)
+            if self.causes_of is not None and any(v["pd_n_predicted"] for v in self.values):
+                changed = self.causes_of().cpu().tolist()
+                self.causes = [" and ".join(label for label, hits in zip(self.cause_labels, changed, strict=True)
+                                            if hits[i]) or None if v["pd_n_predicted"] else None
+                               for i, v in enumerate(self.values)]
+
+    def verdicts(self) -> list[UnitResult]:
+        """Each unit's verdicts and result, from the numbers `collect` brought over."""
+        return [_unit(self.pair, self.decl, run, i, self.values[i], self.masks, self.differences[i], self.causes[i],
+                      self.ulp_threshold, self.invariance, self.accumulators, self.models)
+                for i, run in enumerate(self.runs)]
+
+
+def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, ulp_threshold: int,
+                   invariance: bool) -> Measurement:
     B, t0 = len(runs), runs[0].tile
     int8, dtype = t0.fmt == "int8", t0.out_dtype
     decl = Declarations.of(pair, t0)
@@ -273,10 +361,7 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         s_a, s_w = torch.stack([t.s_a for t in tiles]), torch.stack([t.s_w for t in tiles])
         bias = _stack([t.bias for t in tiles]) if t0.bias is not None else None
         acc = torch.stack([r.prepared.acc for r in runs]) if int8 else None
-        # what an int32 register holds, taken once for every model: the accumulators themselves when every one is
-        # within int32 (one small transfer to know), else wrapped
-        max_abs_acc = checks.largest(acc.abs()) if int8 else None
-        acc32 = (acc.to(torch.int32) if int(max_abs_acc.max()) < INT32_LIMIT else int32_wrap(acc)) if int8 else None
+        acc32 = int32_wrap(acc) if int8 else None  # what an int32 register holds, taken once for every model
         exposed = {arm: _stack([r.exposed_accumulator(arm) for r in runs]) for arm in ("a", "b")}
         # fp8: the fp32 accumulator each arm's declared schedule prescribes (`alibi.exact.fp8_mma`), where it declares
         # a deterministic one
@@ -295,9 +380,10 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         expect_a = model_out(ma, "a")
         same = int8 or (decl.schedule("a") is not None and decl.schedule("a") == decl.schedule("b"))
         expect_b = expect_a if (same and ma is not None and ma == mb) else model_out(mb, "b")
-        # The pow2 identity's fp32 reference, on the units whose weight scales are all powers of two; the exact
-        # values (fp64) of the near-zero split, on the real-scale units.
-        pow2_units = _where(is_pow2(s_w).reshape(B, -1).all(1).tolist()) if int8 and not uses_statistics(ma, mb) else []
+        # The pow2 identity's fp32 reference, on the units whose weight scales are all powers of two (known on the
+        # host: `ScaleFacts`); the exact values (fp64) of the near-zero split, on the real-scale units.
+        pow2_units = (_where([r.prepared.facts[r.regime].all_pow2 for r in runs])
+                      if int8 and not uses_statistics(ma, mb) else [])
         reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), _take(acc32, pow2_units), _take(s_a, pow2_units),
                                          _take(s_w, pow2_units), None, torch.float32) if pow2_units else None)
         real_units = _where(real) if int8 else []
@@ -316,11 +402,11 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
         def measured_on(units: list[int], values: dict[str, torch.Tensor]) -> None:
             m.update(values)
             on.update(dict.fromkeys(values, units))
-        masks: dict[str, torch.Tensor] = {}
+        masks: dict[str, Any] = {}
         if int8:
             a_q = torch.stack([r.prepared.tile.a_q for r in runs])
             w_q = torch.stack([r.prepared.tile.w_q for r in runs])
-            m.update(max_abs_acc=max_abs_acc, a_has_min=checks.anywhere(a_q == -128),
+            m.update(max_abs_acc=checks.largest(acc.abs()), a_has_min=checks.anywhere(a_q == -128),
                      w_has_min=checks.anywhere(w_q == -128))
             expected_acc = acc32
             for arm in ("a", "b"):
@@ -348,40 +434,39 @@ def _judge_batch(pair, runs: list[UnitRun], stage: Stage, ulp_threshold: int, in
                 em, masks[f"em_{arm}"] = checks.epilogue_model_measure(out, expected)
                 m.update({f"em_{arm}_{k}": v for k, v in em.items()})
         if pow2_units:
-            p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), _take(s_w, pow2_units),
-                                                      reference_fp32)
+            p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), reference_fp32)
             masks["pow2"] = _spread_mask(judged, pow2_units)
             measured_on(pow2_units, {f"pow2_{k}": v for k, v in p2.items()})
+        relative = None
         if real_units:
             near_units = _take(differs, real_units), _take(ulp, real_units)
             top, near = checks.near_zero_mask(exact, dtype_name(dtype))
-            measured_on(real_units, {f"nz_{k}": v for k, v in checks.near_zero_measure(
-                _take(out_a, real_units), _take(out_b, real_units), *near_units, exact, top, near).items()})
+            nz, above = checks.near_zero_measure(*near_units, top, near)
+            measured_on(real_units, {f"nz_{k}": v for k, v in nz.items()})
+            relative = (real_units, _take(out_a, real_units), _take(out_b, real_units), exact, above & near_units[0])
             measured_on(real_units, {f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(
                 near_units[1], near_units[0], ulp_threshold, near).items()})
         elif any(real):  # fp8: no exact values, no near-zero split
             m.update({f"rt_{k}": v for k, v in
                       checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, None).items()})
-        original_s_w = torch.stack([r.prepared.tile.s_w for r in runs])
-        m["pow2_scales_changed"] = checks.count(original_s_w != s_w)
-        m["subnormal_scales"] = checks.count(is_subnormal(s_a)) + checks.count(is_subnormal(s_w))
         invariance_runs = [i for i, r in enumerate(runs) if r.subsets is not None]
         if invariance_runs:
             measured_on(invariance_runs, _invariance_measure(runs, invariance_runs, out_a, out_b))
-        values = checks.numbers(m, on)
-        differences = first_differences(out_a, out_b, differs, ulp, [int(v["n_differing"]) for v in values])
-        if predicted is None:
-            causes = [None] * B
-        elif int8:
-            causes = _causes(decl, expect_a, expect_b, acc32, s_a, s_w, bias, dtype, values)
-        else:
-            causes = _causes(decl, expect_a, expect_b, scheduled["a"], es_a, es_w, bias, dtype, values,
-                             None if same else scheduled["b"])
+        causes_of, labels = None, []
+        if predicted is not None:
+            acc_b = None if int8 or same else scheduled["b"]
+            labels = ([schedule_cause(decl.schedule_a, decl.schedule_b)] if acc_b is not None else []) + \
+                [label for label, _ in cause_steps(ma, mb, bias is not None)]
+            base = acc32 if int8 else scheduled["a"]
+            scales = (s_a, s_w) if int8 else (es_a, es_w)
+
+            def causes_of() -> torch.Tensor:
+                return difference_causes(ma, mb, expect_a, expect_b, base, *scales, bias, dtype, acc_b)
         expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
-        return [_unit(pair, decl, runs[i], i, values[i], masks, differences[i], causes[i], ulp_threshold, invariance,
-                      {"a": exposed["a"], "b": exposed["b"], "expected": expected},
-                      {"a": (out_a, expect_a), "b": (out_b, expect_b)})
-                for i in range(B)]
+        return Measurement(pair, runs, indices, decl, ulp_threshold, invariance, m, on, masks, out_a, out_b, differs,
+                           ulp, relative, causes_of, labels,
+                           {"a": exposed["a"], "b": exposed["b"], "expected": expected},
+                           {"a": (out_a, expect_a), "b": (out_b, expect_b)})
 
 
 def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Tensor, out_b: torch.Tensor
@@ -400,21 +485,6 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
     return m
 
 
-def _causes(decl: Declarations, expect_a: torch.Tensor, expect_b: torch.Tensor, acc: torch.Tensor,
-            s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
-            values: list[dict[str, float]], acc_b: torch.Tensor | None = None) -> list[str | None]:
-    """Each unit's cause (`difference_cause`; the accumulation schedule first for fp8 arms whose declared schedules
-    give another accumulator `acc_b`), for the units whose declared models differ somewhere."""
-    if not any(v["pd_n_predicted"] for v in values):
-        return [None] * len(values)
-    ma, mb = decl.a, decl.b
-    labels = ([schedule_cause(decl.schedule_a, decl.schedule_b)] if acc_b is not None else []) + \
-        [label for label, _ in cause_steps(ma, mb, bias is not None)]
-    changed = difference_causes(ma, mb, expect_a, expect_b, acc, s_a, s_w, bias, dtype, acc_b).cpu().tolist()
-    return [" and ".join(label for label, hits in zip(labels, changed, strict=True) if hits[i]) or None
-            if v["pd_n_predicted"] else None for i, v in enumerate(values)]
-
-
 def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] | None]:
     return lambda: checks.first_mismatch(masks[name][i])
 
@@ -422,7 +492,7 @@ def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] |
 def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], masks: dict[str, torch.Tensor],
           differences, cause, ulp_threshold: int, invariance: bool, accumulators: dict[str, Any],
           models: dict[str, tuple[torch.Tensor, torch.Tensor | None]]) -> UnitResult:
-    """One unit's verdicts and result from its numbers `v` (the keys `_judge_batch` measured)."""
+    """One unit's verdicts and result from its numbers `v` (the keys `_measure_batch` measured, and its scale facts)."""
     t, regime = run.tile, run.regime
     int8 = t.fmt == "int8"
     ma, mb = decl.a, decl.b
@@ -449,7 +519,7 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
         checks.lossless_fp32_entry(pred),
         _accumulator_verdict(run, i, v, masks, accumulators) if int8 else _fp8_accumulator_verdict(decl, run, i, v, masks,
                                                                                                  accumulators),
-        checks.pow2_identity_verdict(bool(v.get("pow2_all_pow2", 0)), pred.int32_safe, t.M * t.N,
+        checks.pow2_identity_verdict(run.prepared.facts[regime].all_pow2, pred.int32_safe, t.M * t.N,
                                      int(v.get("pow2_n_excluded", 0)), int(v.get("pow2_n_differing", 0)),
                                      _first(masks, "pow2", i), bias=t.bias is not None,
                                      bias_modes=(bias_handling(ma), bias_handling(mb)))
@@ -536,4 +606,5 @@ def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
             checks.run_to_run_verdict(["a", "b"], {arm: n for arm, n in again.items() if n})]
 
 
-__all__ = ["Declarations", "PreparedTile", "schedule_cause", "UnitRun", "bias_handling", "difference_cause", "difference_causes", "judge", "tile_key"]
+__all__ = ["Declarations", "Measurement", "PreparedTile", "ScaleFacts", "UnitRun", "bias_handling", "difference_cause",
+           "difference_causes", "judge", "measure", "schedule_cause", "tile_key"]

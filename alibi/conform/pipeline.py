@@ -37,7 +37,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
-from alibi.conform.judge import PreparedTile, UnitRun, judge, tile_key
+from alibi.conform.judge import Measurement, PreparedTile, Stage, ScaleFacts, UnitRun, judge, measure, tile_key
 from alibi.conform.results import (
     Equivalence,
     KernelRecord,
@@ -55,7 +55,7 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, packed, private_copy, wait_for
+from alibi.kernels.base import Kernel, operands, pack, private_copy, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import PRESETS, synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
@@ -205,12 +205,22 @@ def _untimed(_name: str) -> Iterator[None]:
     yield
 
 
-def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None) -> PreparedTile:
+def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
+            regimes: Iterable[str] = REGIMES) -> PreparedTile:
+    """`tile` on the check device under each of `regimes` (validated) and what they share: every operand and each
+    regime's own weight scales in one buffer (`pack`: each arm's private copy is then one copy), each regime's
+    scale facts, found where the tile lies before anything is launched (`ScaleFacts`), and the exact accumulator."""
     stage = timer.stage if timer else _untimed
     with stage("io"):
-        t = packed(tile, device)  # one buffer: each arm's private copy is one copy (`private_copy`)
+        under = {r.value: apply_regime(tile, r.value) for r in validate_regimes(regimes)}
+        facts = {r: ScaleFacts.of(tile, t) for r, t in under.items()}
+        present = {k: v for k, v in operands(tile).items() if v is not None}
+        own = {f"s_w:{r}": t.s_w for r, t in under.items() if t.s_w is not tile.s_w}
+        views = pack({**present, **own}, device)
+        t = tile.replace(**{k: views[k] for k in present})
+        placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in under}
     with stage("reference"):
-        return PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None)
+        return PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed, facts)
 
 
 # --- units ----------------------------------------------------------------------------------------
@@ -225,11 +235,11 @@ def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
 def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True,
              timer: StageTimer | None = None) -> UnitRun:
     """Both arms on one prepared tile under one regime, each on a private copy of the operands; in the real regime
-    (with invariance) also on the row subsets and a second time. The launches are queued and waited for once, at the
-    end (`wait_for`). Nothing is judged here (`alibi.conform.judge`)."""
+    (with invariance) also on the row subsets and a second time. The launches are queued, not waited for
+    (`run_units` waits once for a batch's). Nothing is judged here (`alibi.conform.judge`)."""
     stage = timer.stage if timer else _untimed
     kernel_a, kernel_b = pair.a, pair.b
-    t = prepared.regimes.get(regime) or apply_regime(prepared.tile, regime)
+    t = prepared.regimes[regime]
     dev = t.a_q.device
     with stage("io"):
         ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
@@ -255,8 +265,6 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
             subsets = {arm: [(rows, output(k, sub_tile(t, rows))) for rows in sub_batches(t.M)]
                        for arm, k in (("a", kernel_a), ("b", kernel_b))}
             again = {arm: output(k, private_copy(t, k.torch_device())) for arm, k in (("a", kernel_a), ("b", kernel_b))}
-    with stage("kernels"):
-        wait_for([kernel_a, kernel_b], t.name)  # once per unit, not per launch (`Kernel.run`)
     return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
                    {"a": run_a.evidence, "b": run_b.evidence}, own)
 
@@ -268,13 +276,24 @@ def sub_tile(t: Tile, rows: list[int]) -> Tile:
     return sub.replace(a_q=sub.a_q.clone(), s_a=sub.s_a.clone())
 
 
+def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True,
+              timer: StageTimer | None = None) -> list[UnitRun]:
+    """`run_unit` on every (prepared tile, regime) of `work`, then one wait for all their launches (`wait_for`: a
+    synchronization per launch, or per unit, costs more than a small tile's kernels; a device error is reported
+    naming the kernels and the batch's tiles)."""
+    runs = [run_unit(pair, prepared, regime, invariance=invariance, timer=timer) for prepared, regime in work]
+    with (timer.stage if timer else _untimed)("kernels"):
+        wait_for([pair.a, pair.b], " or ".join(dict.fromkeys(run.tile.name for run in runs)))
+    return runs
+
+
 def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
                    ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
                    timer: StageTimer | None = None) -> list[tuple[UnitResult, dict[str, dict[str, Any]]]]:
     """Run both arms on every (prepared tile, regime) of `work`, then apply every check to all of them at once
     (`alibi.conform.judge`). Returns, per unit, its result and the evidence of each arm's launch that produced
     its output."""
-    runs = [run_unit(pair, prepared, regime, invariance=invariance, timer=timer) for prepared, regime in work]
+    runs = run_units(pair, work, invariance=invariance, timer=timer)
     units = judge(pair, runs, timer.stage if timer else _untimed, ulp_threshold=ulp_threshold, invariance=invariance)
     return [(unit, run.evidence) for unit, run in zip(units, runs, strict=True)]
 
@@ -316,20 +335,42 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
                      ulp_threshold: int, invariance: bool, timer: StageTimer | None = None
                      ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
-    regime, result, evidence) as each batch is judged."""
-    for batch in batches(tiles):
-        prepared = {i: prepare(tile, device, timer) for i, tile, _ in batch}
-        pow2 = [i for i, _, regimes in batch if "pow2" in regimes]
-        if pow2:  # every weight scale of the batch rounded at once (elementwise: each tile's own bits)
-            rounded = pow2_round(torch.stack([prepared[i].tile.s_w for i in pow2]), "nearest")
-            for k, i in enumerate(pow2):
-                prepared[i].regimes["pow2"] = prepared[i].tile.replace(s_w=rounded[k])
+    regime, result, evidence) as each batch is judged.
+
+    The host and the device overlap: while the device works on a batch's checks (queued by
+    `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
+    transfer and exact accumulators (`prepare`); then it collects the batch's numbers and builds its verdicts. A
+    batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
+    finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
+    stage = timer.stage if timer else _untimed
+    order = batches(tiles)
+
+    def prepared(batch: list[tuple[int, Tile, list[str]]]) -> dict[int, PreparedTile]:
+        return {i: prepare(tile, device, timer, regimes) for i, tile, regimes in batch}
+    ahead = prepared(order[0]) if order else {}
+    for k, batch in enumerate(order):
         # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
-        work = [(i, prepared[i], regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
-        done = evaluate_units(pair, [(prepared, regime) for _, prepared, regime in work], ulp_threshold=ulp_threshold,
-                              invariance=invariance, timer=timer)
-        for (i, _, regime), (unit, evidence) in zip(work, done, strict=True):
-            yield i, regime, unit, evidence
+        work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
+        runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, timer=timer)
+        measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
+        try:
+            ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
+        except Exception:
+            yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error ends it
+            raise
+        yield from _judged(work, runs, measurements, stage)
+
+
+def _judged(work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement], stage: Stage
+            ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
+    """The units of one measured batch ((tile index, regime) each in `work`), collected and judged."""
+    units: list[UnitResult | None] = [None] * len(runs)
+    for measured in measurements:
+        measured.collect(stage)
+        for j, unit in zip(measured.indices, measured.verdicts(), strict=True):
+            units[j] = unit
+    for (i, regime), unit, run in zip(work, units, runs, strict=True):
+        yield i, regime, unit, run.evidence
 
 
 # --- the report -----------------------------------------------------------------------------------

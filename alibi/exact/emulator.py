@@ -19,6 +19,7 @@ fused multiply-add; `fma_f32` emulates it exactly (see its docstring).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -41,6 +42,7 @@ ABSMAX_LEVELS = 127.0  # a symmetric int8 absmax statistic is 127 times the scal
 
 FP32_EXACT_LIMIT = 2**24
 INT32_LIMIT = 2**31
+_LOW_WORD = 0 if sys.byteorder == "little" else 1  # where an int64's low 32-bit word lies
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,14 @@ def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
 
 def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
     """The value an int32 register holds for an integer accumulator (two's-complement wrap); an int32 tensor is
-    that already."""
+    that already.
+
+    The wrap of a two's-complement int64 is its low 32-bit word, read here as int32 (no arithmetic, one copy, and
+    no need to know first whether any value is out of range)."""
     if acc.dtype == torch.int32:
         return acc
-    return ((acc.to(torch.int64) + INT32_LIMIT) % (2 * INT32_LIMIT) - INT32_LIMIT).to(torch.int32)
+    words = acc.to(torch.int64).contiguous().reshape(-1).view(torch.int32)
+    return words[_LOW_WORD::2].reshape(acc.shape)
 
 
 def fma_f32(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

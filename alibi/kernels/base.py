@@ -265,21 +265,25 @@ def _packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dic
     return views
 
 
-def packed(tile: Tile, device: torch.device | str) -> Tile:
-    """`tile` with its operands copied onto `device` into one buffer, each contiguous at an offset aligned to
-    `PACK_ALIGN` bytes: a private copy of it is then one copy of that buffer (`private_copy`), not one per operand.
-    Host operands bound for a GPU are packed on the host first, in pinned memory, and cross in one asynchronous
-    copy: a copy from pageable memory, one per operand, would hold the host until it is done."""
+def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """`tensors` copied onto `device` into one buffer, each contiguous at an offset aligned to `PACK_ALIGN` bytes,
+    by name. Host tensors bound for a GPU are packed on the host first, in pinned memory, and cross in one
+    asynchronous copy: a copy from pageable memory, one per tensor, would hold the host until it is done."""
     device = torch.device(device)
-    present = {k: v for k, v in operands(tile).items() if v is not None}
-    staged = device.type == "cuda" and all(v.device.type == "cpu" for v in present.values())
-    size = sum(_aligned_bytes(v) for v in present.values())
+    staged = device.type == "cuda" and all(v.device.type == "cpu" for v in tensors.values())
+    size = sum(_aligned_bytes(v) for v in tensors.values())
     buffer = torch.empty(size, dtype=torch.uint8, device="cpu" if staged else device, pin_memory=staged)
-    for k, view in _packed_views(buffer, present).items():
-        view.copy_(present[k])
+    for k, view in _packed_views(buffer, tensors).items():
+        view.copy_(tensors[k])
     if staged:
         buffer = buffer.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
-    return tile.replace(**_packed_views(buffer, present))
+    return _packed_views(buffer, tensors)
+
+
+def packed(tile: Tile, device: torch.device | str) -> Tile:
+    """`tile` with its operands `pack`ed onto `device`: a private copy of it is then one copy of that buffer
+    (`private_copy`), not one per operand."""
+    return tile.replace(**pack({k: v for k, v in operands(tile).items() if v is not None}, device))
 
 
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:

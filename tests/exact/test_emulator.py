@@ -92,6 +92,20 @@ def test_exact_accumulator_is_exact_at_k_32768_with_all_minus_128_operands():
     assert int32_wrap(exact_accumulator(a, w)).tolist()[0][0] == 2**29
 
 
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 4)])
+def test_int32_wrap_is_the_twos_complement_residue_of_every_int64_in_any_shape(shape):
+    edges = [0, 1, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32, 2**32 + 5, -(2**32) - 5, 2**63 - 1, -(2**63),
+             3 * 2**40 + 12345, -(7 * 2**35) - 1]
+    n = math.prod(shape)
+    values = (edges * (n // len(edges) + 1))[:n] if n > 1 else [2**31 + 9]
+    acc = torch.tensor(values, dtype=torch.int64).reshape(shape)
+    wrapped = int32_wrap(acc)
+    assert wrapped.dtype == torch.int32 and wrapped.shape == acc.shape
+    assert wrapped.reshape(-1).tolist() == [(v + 2**31) % 2**32 - 2**31 for v in values]
+    assert int32_wrap(acc.T if acc.dim() == 2 else acc).reshape(-1).tolist() == \
+        [(v + 2**31) % 2**32 - 2**31 for v in (acc.T if acc.dim() == 2 else acc).reshape(-1).tolist()]
+
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(["w_then_a", "a_then_w", "product_first"]),
        st.sampled_from(["fma", "add_before_cast", "add_after_cast"]),
