@@ -22,7 +22,7 @@ import torch
 
 from alibi.conform.verdict import CHECKS, DEFAULT_ULP_THRESHOLD, EXACT, Verdict, combine, fired, inapplicable, passed
 from alibi.exact.emulator import Prediction, int32_wrap
-from alibi.exact.numerics import OutputComparison, bitwise_equal_mask, ulp_distance
+from alibi.exact.numerics import OutputComparison, bitwise_differ_mask, ulp_distance
 
 __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fired", "inapplicable", "passed"]
 
@@ -34,9 +34,30 @@ __all__ = ["CHECKS", "DEFAULT_ULP_THRESHOLD", "EXACT", "Verdict", "combine", "fi
 # apply to a single unit (the matrix's self-checks, `alibi identify`, tests) keep a function named after the
 # check that takes one unit's tensors and runs the same two halves on a batch of one.
 
-def count(mask: torch.Tensor) -> torch.Tensor:
-    """[B] int64: the True elements of each unit of a [B, ...] mask."""
-    return mask.reshape(mask.shape[0], -1).sum(1)
+@dataclass(frozen=True)
+class Counted:
+    """The True elements of each unit of a [B, ...] mask, counted when the batch's numbers are brought over
+    (`numbers`: the masks of one shape in one reduction, not one each)."""
+
+    mask: torch.Tensor
+
+
+def count(mask: torch.Tensor) -> Counted:
+    """[B] int64 in `numbers`: the True elements of each unit of a [B, ...] mask."""
+    return Counted(mask)
+
+
+def _counts(counted: dict[str, Counted]) -> dict[str, torch.Tensor]:
+    """Each mask's per-unit counts ([B] int64), the masks of one device and shape stacked and summed at once (a mask
+    counted under several names, once)."""
+    groups: dict[tuple, dict[int, torch.Tensor]] = {}
+    for c in counted.values():
+        groups.setdefault((c.mask.device, tuple(c.mask.shape)), {})[id(c.mask)] = c.mask
+    sums: dict[int, torch.Tensor] = {}
+    for (_, shape), masks in groups.items():
+        stacked = torch.stack(list(masks.values())).reshape(len(masks), shape[0], -1).sum(-1)
+        sums.update(zip(masks, stacked, strict=True))
+    return {name: sums[id(c.mask)] for name, c in counted.items()}
 
 
 def largest(values: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,10 +72,11 @@ def anywhere(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], -1).any(1)
 
 
-def numbers(measured: dict[str, torch.Tensor], on: dict[str, list[int]] | None = None) -> list[dict[str, float]]:
-    """A batch's measured values ([B] tensors, one value per unit) on the host in one transfer: per unit, name →
-    float (float64 holds every count, ulp distance, |accumulator| and exact value measured here exactly), in the
-    order of `measured`.
+def numbers(measured: dict[str, torch.Tensor | Counted], on: dict[str, list[int]] | None = None
+            ) -> list[dict[str, float]]:
+    """A batch's measured values ([B] tensors, one value per unit, or masks `Counted`) on the host in one transfer:
+    per unit, name → float (float64 holds every count, ulp distance, |accumulator| and exact value measured here
+    exactly), in the order of `measured`.
 
     on: for a value measured on some of the units only, their indices (its tensor holds one value per such unit,
     in that order); the other units' dicts do not have it. The values are gathered by device and dtype, so a
@@ -62,6 +84,8 @@ def numbers(measured: dict[str, torch.Tensor], on: dict[str, list[int]] | None =
     if not measured:
         return []
     on = on or {}
+    counts = _counts({name: v for name, v in measured.items() if isinstance(v, Counted)})
+    measured = {name: counts.get(name, v) for name, v in measured.items()}
     groups: dict[tuple, list[str]] = {}
     for name, values in measured.items():
         groups.setdefault((values.device, values.dtype), []).append(name)
@@ -385,7 +409,7 @@ def token_level_risk(flip_rate: float | None = None, bound: float | None = None,
 def epilogue_model_measure(out: torch.Tensor, expected: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per unit of a batch: how many outputs differ from the declared model's; and the mask of the differing
     elements (a violation's largest ulp distance is measured when there is one: `Deviation`)."""
-    differs = ~bitwise_equal_mask(out, expected)
+    differs = bitwise_differ_mask(out, expected)
     return {"n_differing": count(differs)}, differs
 
 
@@ -519,7 +543,7 @@ def m_invariance_verdict(counts: dict[str, list[tuple[list[int], int]]]) -> Verd
 def m_invariance(full: dict[str, torch.Tensor], subsets: dict[str, list[tuple[list[int], torch.Tensor]]]) -> Verdict:
     """Fires when a row computed inside a smaller M (1, 4, 16 rows, various positions) differs from the same row
     computed inside the full tile. `subsets[arm]` holds (row indices, output rows) pairs."""
-    return m_invariance_verdict({arm: [(rows, int((~bitwise_equal_mask(out, full[arm][rows])).sum()))
+    return m_invariance_verdict({arm: [(rows, int(bitwise_differ_mask(out, full[arm][rows]).sum()))
                                        for rows, out in runs] for arm, runs in subsets.items()})
 
 
@@ -535,5 +559,5 @@ def run_to_run(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) 
     """Fires when an arm run twice on the same operands gives different bits."""
     if not first:
         return inapplicable("run-to-run", "no repeated runs")
-    bad = {arm: int((~bitwise_equal_mask(first[arm], second[arm])).sum()) for arm in first}
+    bad = {arm: int(bitwise_differ_mask(first[arm], second[arm]).sum()) for arm in first}
     return run_to_run_verdict(list(first), {arm: n for arm, n in bad.items() if n})

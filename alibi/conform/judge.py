@@ -28,7 +28,7 @@ from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
 from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks, block_schedule_differences
 from alibi.exact.fp8_mma import AccumulationSchedule, accumulate
-from alibi.exact.numerics import bitwise_equal_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
+from alibi.exact.numerics import bitwise_differ_mask, compare_outputs, dtype_name, is_pow2, is_subnormal
 from alibi.kernels.base import OPERANDS
 from alibi.kernels.cpu import unit_scales
 from alibi.tiles.tile import Tile
@@ -145,12 +145,12 @@ def difference_causes(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, o
     changed, current, out_current = [], a, out_a
     if acc_b is not None:
         out_next = out_b if a == b else apply_epilogue(a, acc_b, s_a, s_w, bias, out_dtype)
-        changed.append(checks.anywhere(~bitwise_equal_mask(out_current, out_next)))
+        changed.append(checks.anywhere(bitwise_differ_mask(out_current, out_next)))
         acc, out_current = acc_b, out_next
     for _label, attr in cause_steps(a, b, bias is not None):
         nxt = replace(current, **{attr: getattr(b, attr)})
         out_next = out_b if nxt == b else apply_epilogue(nxt, acc, s_a, s_w, bias, out_dtype)
-        changed.append(checks.anywhere(~bitwise_equal_mask(out_current, out_next)))
+        changed.append(checks.anywhere(bitwise_differ_mask(out_current, out_next)))
         current, out_current = nxt, out_next
     return torch.stack(changed) if changed else torch.zeros((0, out_a.shape[0]), dtype=torch.bool)
 
@@ -305,7 +305,7 @@ class Measurement:
     decl: Declarations
     ulp_threshold: int
     invariance: bool
-    m: dict[str, torch.Tensor]
+    m: dict[str, torch.Tensor | checks.Counted]
     on: dict[str, list[int]]
     masks: dict[str, Any]
     out_a: torch.Tensor
@@ -396,7 +396,8 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
     with stage("checks"):
         comparison = compare_outputs(out_a, out_b)
         differs, ulp = comparison.differs, comparison.ulp
-        m: dict[str, torch.Tensor] = {"n_differing": checks.count(differs), "max_ulp": checks.largest(ulp)}
+        m: dict[str, torch.Tensor | checks.Counted] = {"n_differing": checks.count(differs),
+                                                       "max_ulp": checks.largest(ulp)}
         on: dict[str, list[int]] = {}  # the units of a value measured on some of them only (`checks.numbers`)
 
         def measured_on(units: list[int], values: dict[str, torch.Tensor]) -> None:
@@ -422,11 +423,11 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
                                     else differ.to(differs.device))
         for arm in ("a", "b") if not int8 else ():
             if arm in scheduled and exposed[arm] is not None and exposed[arm].shape == scheduled[arm].shape:
-                masks[f"acc_{arm}"] = ~bitwise_equal_mask(exposed[arm], scheduled[arm])
+                masks[f"acc_{arm}"] = bitwise_differ_mask(exposed[arm], scheduled[arm])
                 m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
         predicted = None
         if ma is not None and mb is not None and (int8 or len(scheduled) == 2):
-            predicted = ~bitwise_equal_mask(expect_a, expect_b)
+            predicted = bitwise_differ_mask(expect_a, expect_b)
             pd, masks["predicted"] = checks.predicted_differences_measure(differs, predicted)
             m.update({f"pd_{k}": v for k, v in pd.items()})
         for arm, out, expected in (("a", out_a, expect_a), ("b", out_b, expect_b)):
@@ -479,9 +480,9 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
     for arm in ("a", "b"):
         for j, (rows, _) in enumerate(first.subsets[arm]):
             sub = torch.stack([runs[i].subsets[arm][j][1] for i in indices])
-            m[f"mi_{arm}_{j}"] = checks.count(~bitwise_equal_mask(sub, full[arm][:, rows[0]:rows[-1] + 1]))
+            m[f"mi_{arm}_{j}"] = checks.count(bitwise_differ_mask(sub, full[arm][:, rows[0]:rows[-1] + 1]))
         again = torch.stack([runs[i].again[arm] for i in indices])
-        m[f"rr_{arm}"] = checks.count(~bitwise_equal_mask(full[arm], again))
+        m[f"rr_{arm}"] = checks.count(bitwise_differ_mask(full[arm], again))
     return m
 
 

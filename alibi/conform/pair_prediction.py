@@ -90,7 +90,7 @@ def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPredic
     from alibi.conform.judge import difference_cause
     from alibi.conform.pipeline import apply_regime, check_device, prepare, validate_regimes
     from alibi.exact.emulator import apply_epilogue, predict_tile
-    from alibi.exact.numerics import bitwise_equal_mask
+    from alibi.exact.numerics import bitwise_differ_mask
     from alibi.kernels.registry import get_kernel, kernel_names
 
     ma, mb = declared_model(a), declared_model(b)
@@ -110,7 +110,7 @@ def predict_pair(a: str, b: str, source, regimes=("real", "pow2")) -> PairPredic
                 continue
             out_a = apply_epilogue(ma, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)
             out_b = out_a if ma == mb else apply_epilogue(mb, prepared.acc, t.s_a, t.s_w, t.bias, t.out_dtype)
-            n = int((~bitwise_equal_mask(out_a, out_b)).sum())
+            n = int(bitwise_differ_mask(out_a, out_b).sum())
             units.append(PredictedUnit(t.name, regime, t.M * t.N, n,
                                        difference_cause(ma, mb, out_a, out_b, prepared.acc, t) if n else None, False))
     verdict = (PairVerdict.UNDECIDED if any(u.wrap_possible for u in units)

@@ -43,7 +43,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.emulator import EpilogueModel, apply_epilogue, exact_accumulator
-from alibi.exact.numerics import bits, bitwise_equal_mask
+from alibi.exact.numerics import bits, bitwise_differ_mask, bitwise_equal_mask
 from alibi.governance.environment import environment_record, toolkit_record
 from alibi.io.typed import TypedResult
 from alibi.kernels.base import Kernel, private_copy
@@ -248,7 +248,7 @@ def accumulation_facts(kernel: Kernel) -> list[Fact]:
             ev["accumulator_mismatches"] = None
         if kernel.epilogue is not None:
             model = apply_epilogue(kernel.epilogue, reference, tile.s_a, tile.s_w, None, tile.out_dtype)
-            n = int((~bitwise_equal_mask(result.out, model)).sum())
+            n = int(bitwise_differ_mask(result.out, model).sum())
             ev["output_mismatches_vs_declared_model"] = n
             if n:
                 problems.append(f"{n} outputs differ from the declared model on the exact accumulator")
@@ -346,10 +346,10 @@ def pow2_facts(kernel: Kernel) -> list[Fact]:
                       f"{pos} elements +0 and {neg} elements −0 agree; {zbad} differ",
                       {"positive_zeros": pos, "negative_zeros": neg, "mismatches": zbad}))
     ns = int(sweep["subnormal"].sum() + sub["subnormal"].sum())
-    vllm_pair = sum(int((c["subnormal"] & ~bitwise_equal_mask(c["model:w_then_a"], c["model:a_then_w"])).sum())
+    vllm_pair = sum(int((c["subnormal"] & bitwise_differ_mask(c["model:w_then_a"], c["model:a_then_w"])).sum())
                     for c in (sweep, sub))
     disagree = int((sweep["subnormal"] & ~sweep["agree"]).sum() + (sub["subnormal"] & ~sub["agree"]).sum())
-    off = None if own is None else sum(int((c["subnormal"] & ~bitwise_equal_mask(c["out"], c[f"model:{own}"])).sum())
+    off = None if own is None else sum(int((c["subnormal"] & bitwise_differ_mask(c["out"], c[f"model:{own}"])).sum())
                                        for c in (sweep, sub))
     facts.append(Fact("pow2-commutation", "subnormal-failure", "once a result or a rounded product is subnormal, "
                       "commutation fails (the scale orders disagree), and the kernel still follows its declared order",

@@ -38,7 +38,7 @@ from alibi.exact.fp8_block_mma import (
     candidate_block_schedules,
     parse_block_schedule,
 )
-from alibi.exact.numerics import bitwise_equal_mask
+from alibi.exact.numerics import bitwise_differ_mask, bitwise_equal_mask
 from alibi.kernels.base import Kernel
 from alibi.kernels.cpu import unit_scales
 from alibi.tiles.block_probe import association_probe_tile
@@ -147,7 +147,7 @@ def _checked(schedule: BlockSchedule, tile: Tile, out: torch.Tensor, kernel: Ker
         expected = _emulated(schedule, tile, kernel, dev)
     except InputError:  # a schedule that does not fit this K (e.g. more parts than chains)
         return BlockCandidate(schedule.label, out.numel(), out.numel())
-    return BlockCandidate(schedule.label, int((~bitwise_equal_mask(out, expected)).sum()), out.numel())
+    return BlockCandidate(schedule.label, int(bitwise_differ_mask(out, expected).sum()), out.numel())
 
 
 def read_probe(kernel: Kernel, seed: int = 0) -> ProbeReading:

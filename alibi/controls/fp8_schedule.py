@@ -25,7 +25,7 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import apply_epilogue
 from alibi.exact.fp8_mma import FAST_ACCUM, AccumulationSchedule, SplitK, accumulate
-from alibi.exact.numerics import bitwise_equal_mask, dtype_name
+from alibi.exact.numerics import bitwise_differ_mask, bitwise_equal_mask, dtype_name
 from alibi.kernels.base import Kernel
 from alibi.tiles.tile import Tile
 
@@ -199,7 +199,7 @@ def identify_schedule(kernel: Kernel, shapes: list[tuple[int, int, int]], *, see
             n = None
             if same and cand.deterministic and epilogue is not None:
                 expected = apply_epilogue(epilogue, accumulate(cand, a_q, w_q), s_a, s_w, None, out_dtype)
-                n = int((~bitwise_equal_mask(out, expected.cpu())).sum())
+                n = int(bitwise_differ_mask(out, expected.cpu()).sum())
             checked.append(ScheduleMatch(cand.label, cand.describe(), same, n, M * N, same and n == 0))
         ok = declared is not None and any(c.matches and c.schedule == declared.label for c in checked)
         results.append(ShapeIdentification(M, N, K, reading, None if declared is None else declared.label, ok,

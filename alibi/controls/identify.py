@@ -21,7 +21,7 @@ from alibi.exact.emulator import (
     apply_epilogue,
     exact_accumulator,
 )
-from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.exact.numerics import bitwise_differ_mask, max_ulp_distance
 from alibi.kernels.base import Kernel
 from alibi.tiles.out_bias_probe import out_bias_probe_tiles
 from alibi.tiles.synthetic import synthetic_tiles
@@ -97,7 +97,7 @@ def identify(kernel: Kernel, tiles: list[Tile]) -> list[Candidate]:
         acc = exact_accumulator(tile.a_q, tile.w_q)
         for m in models:
             expected = apply_epilogue(m, acc, tile.s_a, tile.s_w, tile.bias, tile.out_dtype)
-            totals[m.name][0] += int((~bitwise_equal_mask(out, expected)).sum())
+            totals[m.name][0] += int(bitwise_differ_mask(out, expected).sum())
             ulp = max_ulp_distance(out, expected)
             if ulp is not None:
                 totals[m.name][1] = max(ulp, totals[m.name][1] or 0)

@@ -31,7 +31,7 @@ from alibi.conform.checks import CHECKS
 from alibi.conform.pipeline import Pair, TileSource, environment, run_conformance, tiles_sha256, validate_regimes
 from alibi.conform.results import Regime, Report
 from alibi.errors import InputError
-from alibi.exact.numerics import bitwise_equal_mask, max_ulp_distance
+from alibi.exact.numerics import bitwise_differ_mask, max_ulp_distance
 from alibi.governance import write_manifest
 from alibi.governance.manifest import digest_set
 from alibi.io import atomic
@@ -352,7 +352,7 @@ def _unit_rows(plan: Plan, regime: str, report: Report, base: Recorder, mutant: 
             raise RuntimeError(f"tile {u.tile}: {len(outs_b)} base launches but {len(outs_m)} mutant launches")
         changed = 0
         for ob, om in zip(outs_b, outs_m, strict=True):
-            n = int((~bitwise_equal_mask(ob, om)).sum())
+            n = int(bitwise_differ_mask(ob, om).sum())
             changed += n
             launched += ob.numel()
             ulp = max_ulp_distance(ob, om) if n else (0 if bool(torch.isfinite(ob).any()) else None)

@@ -52,6 +52,13 @@ def bitwise_equal_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return bits(a) == bits(b)
 
 
+def bitwise_differ_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: True where the two bit patterns differ (`bitwise_equal_mask`'s complement, in one operation)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"cannot compare {a.dtype}{list(a.shape)} with {b.dtype}{list(b.shape)} bitwise")
+    return bits(a) != bits(b)
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when every element has the same bit pattern."""
     return bool(bitwise_equal_mask(a, b).all())
@@ -107,7 +114,7 @@ class OutputComparison:
 
 def compare_outputs(a: torch.Tensor, b: torch.Tensor) -> OutputComparison:
     """The one element-by-element comparison of two outputs (`OutputComparison`)."""
-    return OutputComparison(differs=~bitwise_equal_mask(a, b), ulp=ulp_distance(a, b))
+    return OutputComparison(differs=bitwise_differ_mask(a, b), ulp=ulp_distance(a, b))
 
 
 def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:

@@ -7,6 +7,7 @@ this machine says why through `available()` and is never silently replaced by an
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import platform
@@ -149,7 +150,7 @@ class Kernel:
                               "python": platform.python_version(),
                               "epilogue_model": self.epilogue.name if self.epilogue else None}
         if self.torch_device().type == "cuda" and torch.cuda.is_available():
-            ev["gpu"] = torch.cuda.get_device_name()
+            ev["gpu"] = gpu_name(torch.cuda.current_device())
             ev["cuda"] = torch.version.cuda
         return ev
 
@@ -183,6 +184,12 @@ class Kernel:
         if not on_device:
             out, acc = out.cpu(), (None if acc is None else acc.cpu())
         return KernelOutput(out=out, acc=acc, evidence=ev)
+
+
+@functools.cache
+def gpu_name(index: int) -> str:
+    """The name of CUDA device `index`, asked once per process (every launch's evidence names it)."""
+    return torch.cuda.get_device_name(index)
 
 
 def cuda_problem(*, fp8: bool) -> str | None:

@@ -72,8 +72,15 @@ def path_for(arch: str) -> str:
 
 
 def device_arch(device: torch.device | None = None) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
+    """`sm_XY` of `device` (default: the current one), asked once per device and process (each launch asks)."""
+    index = None if device is None else torch.device(device).index
+    major, minor = _capability(torch.cuda.current_device() if index is None else index)
     return f"sm_{major}{minor}"
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 # --- ctypes plumbing shared with alibi.kernels.fp8 ------------------------------------------------

@@ -30,7 +30,7 @@ import torch
 
 from alibi.errors import InputError
 from alibi.exact.emulator import exact_accumulator
-from alibi.exact.numerics import bitwise_equal_mask, ulp_distance
+from alibi.exact.numerics import bitwise_differ_mask, ulp_distance
 from alibi.sweep.operands import Operands
 
 CHECK_ROWS = 2
@@ -109,7 +109,7 @@ def compare(out_a: torch.Tensor, out_b: torch.Tensor, ref: torch.Tensor, near_ze
     selection): elements with equal bit patterns are at distance 0, and that keeps the cost
     proportional to the differences on CPUs, where the integer views are slow.
     """
-    differ = ~bitwise_equal_mask(out_a, out_b)
+    differ = bitwise_differ_mask(out_a, out_b)
     finite = torch.isfinite(out_a) & torch.isfinite(out_b)
     abs_ref = ref.abs()
     floor = near_zero_rel * ref.square().mean().sqrt()
@@ -179,7 +179,7 @@ class Differences:
 @torch.no_grad()
 def count_differences(out_a: torch.Tensor, out_b: torch.Tensor) -> Differences:
     """As `compare` without a reference; ulp distances on the differing elements only."""
-    differ = ~bitwise_equal_mask(out_a, out_b)
+    differ = bitwise_differ_mask(out_a, out_b)
     finite = torch.isfinite(out_a) & torch.isfinite(out_b)
     ulp_d = ulp_distance(out_a[differ], out_b[differ])
     ulp_max = ulp_d.max() if ulp_d.numel() else torch.full((), -1, dtype=ulp_d.dtype, device=ulp_d.device)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import alibi.conform.pipeline as pipeline
+from alibi.conform import checks
 from alibi.conform.judge import Measurement, ScaleFacts
 from alibi.conform.pipeline import Pair, apply_regime, batches, evaluate_batches, source_from_preset
 from alibi.errors import InputError
@@ -103,3 +104,20 @@ def test_scale_facts_say_whether_every_weight_scale_is_a_power_of_two_and_count_
     assert 0 < changed < t.N and ScaleFacts.of(tile, pow2) == ScaleFacts(True, changed, 3)
     every_pow2 = tile.replace(s_w=pow2.s_w)
     assert ScaleFacts.of(every_pow2, apply_regime(every_pow2, "pow2")) == ScaleFacts(True, 0, 3)
+
+
+def test_masks_counted_at_once_give_each_name_its_own_per_unit_counts_and_values_keep_their_units():
+    gen = torch.Generator().manual_seed(3)
+    full = torch.rand((3, 5, 7), generator=gen) > 0.5
+    other = torch.rand((3, 5, 7), generator=gen) > 0.2
+    part = torch.rand((2, 4), generator=gen) > 0.5  # measured on units 0 and 2 only
+    peak = torch.tensor([4.0, -1.0, 2.5], dtype=torch.float64)
+    units = checks.numbers({"a": checks.count(full), "top": peak, "b": checks.count(other),
+                            "again": checks.count(full), "p": checks.count(part)}, {"p": [0, 2]})
+    expected_full, expected_other = full.reshape(3, -1).sum(1).tolist(), other.reshape(3, -1).sum(1).tolist()
+    expected_part = part.sum(1).tolist()
+    assert [list(u) for u in units] == [["a", "top", "b", "again", "p"], ["a", "top", "b", "again"],
+                                        ["a", "top", "b", "again", "p"]]
+    for i, u in enumerate(units):
+        assert u["a"] == u["again"] == expected_full[i] and u["b"] == expected_other[i] and u["top"] == peak[i]
+    assert [units[0]["p"], units[2]["p"]] == expected_part
