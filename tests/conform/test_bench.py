@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from alibi.cli import main
 from alibi.conform.bench import ConformBench, bench_conform, covered_seconds, format_table
 from alibi.conform.pipeline import Pair, StageTimer, run_conformance, source_from_preset
+from alibi.io.typed import to_plain
 from alibi.kernels.registry import get_kernel
 
 
@@ -100,3 +102,18 @@ def test_on_the_gpu_the_busy_share_of_a_host_bound_run_is_measured_and_below_one
     (t,) = result.timings
     assert 0 < t.device_busy < 1  # the tiny preset's launches hold the host far longer than the GPU
     assert "%" in format_table(result)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny", "smollm2-135m-bias"])
+def test_on_the_gpu_a_run_checked_on_the_device_gives_the_results_of_one_checked_on_the_cpu(preset):
+    """The judge queued on the GPU with the next batch prepared alongside gives every unit's numbers of the CPU
+    path: the same report results, unit by unit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pair = Pair(get_kernel("cutlass"), get_kernel("triton"), "bench test")
+    source = source_from_preset(preset)
+    on_gpu = run_conformance(pair, source, device="cuda", created_at=None)
+    on_cpu = run_conformance(pair, source, device="cpu", created_at=None)
+    assert json.dumps(to_plain(on_gpu.units())) == json.dumps(to_plain(on_cpu.units()))
+    assert on_gpu.verdict == on_cpu.verdict

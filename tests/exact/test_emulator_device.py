@@ -62,3 +62,12 @@ def test_the_fma_emulation_gives_the_cpus_bits_on_the_gpu_at_the_overflow_tie_an
     gpu = fma_f32(x.cuda(), y.cuda(), z.cuda())
     assert torch.equal(bits(gpu.cpu()), bits(cpu))
     assert float(cpu[-1]) == torch.finfo(torch.float32).max
+
+
+def test_the_int32_wrap_of_every_int64_is_the_same_word_on_the_gpu_as_on_the_cpu():
+    from alibi.exact.emulator import int32_wrap
+    values = torch.tensor([[0, -1, 2**31 - 1, 2**31, -(2**31) - 1], [2**32 + 7, -(2**40) - 3, 2**63 - 1, -(2**63), 5]],
+                          dtype=torch.int64)
+    cpu, gpu = int32_wrap(values), int32_wrap(values.cuda())
+    assert gpu.dtype == torch.int32 and torch.equal(gpu.cpu(), cpu)
+    assert cpu.reshape(-1).tolist() == [(v + 2**31) % 2**32 - 2**31 for v in values.reshape(-1).tolist()]
