@@ -486,6 +486,11 @@ def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Te
     return m
 
 
+def _part(v: dict[str, float], prefix: str) -> dict[str, float]:
+    """The values of `v` one measurement gave (their names start with `prefix`), by the name it gave them."""
+    return {k.removeprefix(prefix): x for k, x in v.items() if k.startswith(prefix)}
+
+
 def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] | None]:
     return lambda: checks.first_mismatch(masks[name][i])
 
@@ -503,19 +508,18 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
     if not int8 and "pd_n_predicted" not in v:
         pd, why_not = None, unjudged_fp8_reason(decl, names, t)
     elif not int8:
-        pd, why_not = {k.removeprefix("pd_"): x for k, x in v.items() if k.startswith("pd_")}, ""
+        pd, why_not = _part(v, "pd_"), ""
     elif ma is None or mb is None:
         pd, why_not = None, checks.undeclared_model_reason([arm for arm, m in (("a", ma), ("b", mb)) if m is None],
                                                            names)
     else:
-        pd, why_not = {k.removeprefix("pd_"): x for k, x in v.items() if k.startswith("pd_")}, ""
-    near = (checks.near_zero_result({k.removeprefix("nz_"): x for k, x in v.items() if k.startswith("nz_")},
+        pd, why_not = _part(v, "pd_"), ""
+    near = (checks.near_zero_result(_part(v, "nz_"),
                                     dtype_name(t.out_dtype))
             if int8 and regime == "real" else checks.NO_NEAR_ZERO)
-    rt = {k.removeprefix("rt_"): x for k, x in v.items() if k.startswith("rt_")}
+    rt = _part(v, "rt_")
     verdicts = [
-        checks.shared_operands_verdict([k.removeprefix("operands_") for k in v if k.startswith("operands_")
-                                        and v[k]]),
+        checks.shared_operands_verdict([k for k, x in _part(v, "operands_").items() if x]),
         checks.int32_no_overflow(pred, t.K),
         checks.lossless_fp32_entry(pred),
         _accumulator_verdict(run, i, v, masks, accumulators) if int8 else _fp8_accumulator_verdict(decl, run, i, v, masks,
@@ -534,7 +538,7 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
         checks.token_level_risk(),
         checks.epilogue_model_verdict(
             {arm: (decl.label(arm) if not int8 and decl.schedule(arm) is not None else (model.name if model else None),
-                   {k.removeprefix(f"em_{arm}_"): x for k, x in v.items() if k.startswith(f"em_{arm}_")} or None,
+                   _part(v, f"em_{arm}_") or None,
                    lambda arm=arm: checks.Deviation(models[arm][0][i], models[arm][1][i], masks[f"em_{arm}"][i]))
              for arm, model in (("a", ma), ("b", mb))}, names),
         checks.predicted_differences_verdict(pd, _first(masks, "predicted", i), why_not, cause),
