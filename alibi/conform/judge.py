@@ -47,12 +47,16 @@ class ScaleFacts:
     subnormal: int
 
     @classmethod
-    def of(cls, original: Tile, t: Tile) -> ScaleFacts:
-        """The facts of `t`, the tile `original` under a regime (one transfer when the scales are on a GPU)."""
-        all_pow2, changed, subnormal = torch.stack([
-            is_pow2(t.s_w).all().to(torch.int64), (original.s_w != t.s_w).sum(),
-            is_subnormal(t.s_a).sum() + is_subnormal(t.s_w).sum()]).tolist()
-        return cls(bool(all_pow2), changed, subnormal)
+    def of_units(cls, units: list[tuple[Tile, Tile]]) -> list[ScaleFacts]:
+        """The facts of each (original, t) of `units` — t the tile `original` under a regime, all of one shape — at
+        once (one transfer when the scales are on a GPU)."""
+        n = len(units)
+        s_a = torch.stack([t.s_a for _, t in units]).reshape(n, -1)
+        s_w = torch.stack([t.s_w for _, t in units]).reshape(n, -1)
+        original = torch.stack([o.s_w for o, _ in units]).reshape(n, -1)
+        columns = torch.stack([is_pow2(s_w).all(1).to(torch.int64), (original != s_w).sum(1),
+                               is_subnormal(s_a).sum(1) + is_subnormal(s_w).sum(1)]).tolist()
+        return [cls(bool(all_pow2), changed, subnormal) for all_pow2, changed, subnormal in zip(*columns, strict=True)]
 
 
 @dataclass

@@ -205,22 +205,43 @@ def _untimed(_name: str) -> Iterator[None]:
     yield
 
 
-def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
-            regimes: Iterable[str] = REGIMES) -> PreparedTile:
-    """`tile` on the check device under each of `regimes` (validated) and what they share: every operand and each
-    regime's own weight scales in one buffer (`pack`: each arm's private copy is then one copy), each regime's
-    scale facts, found where the tile lies before anything is launched (`ScaleFacts`), and the exact accumulator."""
+def prepare_tiles(tiles: list[tuple[Tile, Iterable[str]]], device: torch.device, timer: StageTimer | None = None
+                  ) -> list[PreparedTile]:
+    """Each (tile, regimes) of `tiles` — a batch: one shape — on the check device under each of its regimes
+    (validated), with what they share: every operand and each regime's own weight scales in one buffer per tile
+    (`pack`: each arm's private copy is then one copy) and the exact accumulator. The power-of-two regime's weight
+    scales and every regime's scale facts (`ScaleFacts`) are found for the whole batch at once, where the tiles lie
+    (the host, for files and presets), before anything is launched."""
     stage = timer.stage if timer else _untimed
     with stage("io"):
-        under = {r.value: apply_regime(tile, r.value) for r in validate_regimes(regimes)}
-        facts = {r: ScaleFacts.of(tile, t) for r, t in under.items()}
-        present = {k: v for k, v in operands(tile).items() if v is not None}
-        own = {f"s_w:{r}": t.s_w for r, t in under.items() if t.s_w is not tile.s_w}
-        views = pack({**present, **own}, device)
-        t = tile.replace(**{k: views[k] for k in present})
-        placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in under}
-    with stage("reference"):
-        return PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed, facts)
+        wanted = [[r.value for r in validate_regimes(regimes)] for _, regimes in tiles]
+        pow2 = [k for k, names in enumerate(wanted) if "pow2" in names]
+        # every weight scale of the batch rounded at once (elementwise: each tile's own bits, `apply_regime`)
+        rounded = dict(zip(pow2, pow2_round(torch.stack([tiles[k][0].s_w for k in pow2]), "nearest"), strict=True)
+                       ) if pow2 else {}
+        under = [{r: tile.replace(s_w=rounded[k]) if r == "pow2" else apply_regime(tile, r) for r in wanted[k]}
+                 for k, (tile, _) in enumerate(tiles)]
+        facts = iter(ScaleFacts.of_units([(tile, t) for (tile, _), regimes in zip(tiles, under, strict=True)
+                                          for t in regimes.values()]))
+        facts_by_tile = [{r: next(facts) for r in regimes} for regimes in under]
+    prepared = []
+    for (tile, _), regimes, tile_facts in zip(tiles, under, facts_by_tile, strict=True):
+        with stage("io"):
+            present = {k: v for k, v in operands(tile).items() if v is not None}
+            own = {f"s_w:{r}": t.s_w for r, t in regimes.items() if t.s_w is not tile.s_w}
+            views = pack({**present, **own}, device)
+            t = tile.replace(**{k: views[k] for k in present})
+            placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in regimes}
+        with stage("reference"):
+            prepared.append(PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed,
+                                         tile_facts))
+    return prepared
+
+
+def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
+            regimes: Iterable[str] = REGIMES) -> PreparedTile:
+    """`prepare_tiles` of one tile."""
+    return prepare_tiles([(tile, regimes)], device, timer)[0]
 
 
 # --- units ----------------------------------------------------------------------------------------
@@ -339,14 +360,15 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
 
     The host and the device overlap: while the device works on a batch's checks (queued by
     `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
-    transfer and exact accumulators (`prepare`); then it collects the batch's numbers and builds its verdicts. A
+    transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds its verdicts. A
     batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
     finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
     def prepared(batch: list[tuple[int, Tile, list[str]]]) -> dict[int, PreparedTile]:
-        return {i: prepare(tile, device, timer, regimes) for i, tile, regimes in batch}
+        return dict(zip((i for i, _, _ in batch), prepare_tiles([(tile, regimes) for _, tile, regimes in batch],
+                                                                 device, timer), strict=True))
     ahead = prepared(order[0]) if order else {}
     for k, batch in enumerate(order):
         # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge

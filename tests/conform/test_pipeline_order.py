@@ -42,16 +42,16 @@ class Logged(EmulatorKernel):
 
 def logged_run(monkeypatch) -> list[tuple[str, int]]:
     log: list[tuple[str, int]] = []
-    prepare, collect = pipeline.prepare, Measurement.collect
+    prepare, collect = pipeline.prepare_tiles, Measurement.collect
 
-    def logged_prepare(tile, *args, **kwargs):
-        log.append(("prepare", tile.N))
-        return prepare(tile, *args, **kwargs)
+    def logged_prepare(tiles, *args, **kwargs):
+        log.extend(("prepare", tile.N) for tile, _ in tiles)
+        return prepare(tiles, *args, **kwargs)
 
     def logged_collect(self, stage):
         log.append(("collect", self.runs[0].tile.N))
         return collect(self, stage)
-    monkeypatch.setattr(pipeline, "prepare", logged_prepare)
+    monkeypatch.setattr(pipeline, "prepare_tiles", logged_prepare)
     monkeypatch.setattr(Measurement, "collect", logged_collect)
     for i, regime, unit, _ in evaluate_batches(Pair(Logged(log), get_kernel("emulator:w_then_a"), "test"), work(),
                                                torch.device("cpu"), ulp_threshold=2, invariance=True):
@@ -75,13 +75,14 @@ def test_the_next_batch_is_prepared_before_a_batch_is_collected_and_its_kernels_
 
 
 def test_a_batch_whose_successor_cannot_be_prepared_hands_over_its_units_then_the_error_ends_the_run(monkeypatch):
-    prepare = pipeline.prepare
+    prepare = pipeline.prepare_tiles
 
-    def refuses_the_second_tile(tile, *args, **kwargs):
-        if tile.name == TILES[1].name:
-            raise InputError(f"tile {tile.name!r}: cannot be prepared here")
-        return prepare(tile, *args, **kwargs)
-    monkeypatch.setattr(pipeline, "prepare", refuses_the_second_tile)
+    def refuses_the_second_tile(tiles, *args, **kwargs):
+        for tile, _ in tiles:
+            if tile.name == TILES[1].name:
+                raise InputError(f"tile {tile.name!r}: cannot be prepared here")
+        return prepare(tiles, *args, **kwargs)
+    monkeypatch.setattr(pipeline, "prepare_tiles", refuses_the_second_tile)
     handed: list[tuple[str, str]] = []
     with pytest.raises(InputError, match="cannot be prepared here"):
         for _, regime, unit, _ in evaluate_batches(Pair(get_kernel("emulator:a_then_w"),
@@ -99,11 +100,12 @@ def test_scale_facts_say_whether_every_weight_scale_is_a_power_of_two_and_count_
     s_a[:2] = 2.0**-130
     tile = t.replace(s_a=s_a, s_w=s_w)
     real, pow2 = apply_regime(tile, "real"), apply_regime(tile, "pow2")
-    assert ScaleFacts.of(tile, real) == ScaleFacts(False, 0, 3)
+    assert ScaleFacts.of_units([(tile, real)]) == [ScaleFacts(False, 0, 3)]
     changed = int((~is_pow2(s_w)).sum())  # rounding changes exactly the scales that are not powers of two
-    assert 0 < changed < t.N and ScaleFacts.of(tile, pow2) == ScaleFacts(True, changed, 3)
+    assert 0 < changed < t.N
+    assert ScaleFacts.of_units([(tile, pow2), (tile, real)]) == [ScaleFacts(True, changed, 3), ScaleFacts(False, 0, 3)]
     every_pow2 = tile.replace(s_w=pow2.s_w)
-    assert ScaleFacts.of(every_pow2, apply_regime(every_pow2, "pow2")) == ScaleFacts(True, 0, 3)
+    assert ScaleFacts.of_units([(every_pow2, apply_regime(every_pow2, "pow2"))]) == [ScaleFacts(True, 0, 3)]
 
 
 def test_masks_counted_at_once_give_each_name_its_own_per_unit_counts_and_values_keep_their_units():
