@@ -661,6 +661,7 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == ReportVerdict.INCONCLUSIVE) else 0
 
 
-__all__ = ["REGIMES", "Pair", "check_formats", "PreparedTile", "StageTimer", "TileSource", "choose_pair", "compute_units",
-           "evaluate_unit", "evaluate_units", "exit_code", "prepare", "run_conformance", "start_units", "source_from_dir", "source_from_preset", "source_from_tiles",
+__all__ = ["REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats", "choose_pair",
+           "compute_units", "evaluate_unit", "evaluate_units", "exit_code", "prepare", "prepare_tiles",
+           "run_conformance", "run_units", "source_from_dir", "source_from_preset", "source_from_tiles", "start_units",
            "summarize", "within_declarations"]
