@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from alibi.conform.pipeline import prepare
 from alibi.exact.numerics import pow2_round
 from alibi.kernels.base import OPERANDS, packed, private_copy
 from alibi.tiles.synthetic import synthetic_tiles
@@ -81,3 +82,14 @@ def test_host_operands_packed_for_the_gpu_cross_in_one_buffer_bit_for_bit(tile):
         assert torch.equal(getattr(p, k).cpu().view(torch.uint8), getattr(tile, k).view(torch.uint8)), k
     again = packed(p, "cuda")  # operands already on the GPU: copied there directly
     assert_same_operands_elsewhere(again, p)
+
+
+def test_a_prepared_tile_holds_the_pow2_regimes_scales_in_its_buffer_so_each_regimes_copy_is_one_copy(tile):
+    prepared = prepare(tile, torch.device("cpu"))
+    real, pow2 = prepared.regimes["real"], prepared.regimes["pow2"]
+    assert buffers(real) == buffers(pow2) and len(buffers(real)) == 1
+    assert torch.equal(pow2.s_w, pow2_round(tile.s_w)) and torch.equal(real.s_w, tile.s_w)
+    for t in (real, pow2):
+        c = private_copy(t)
+        assert len(buffers(c)) == 1
+        assert_same_operands_elsewhere(c, t)
