@@ -226,8 +226,13 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
 def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
           invariance: bool = True) -> list[UnitResult]:
     """Every check of every unit in `runs` (module docstring): each batch `measure`d, then collected and judged."""
-    results: list[UnitResult | None] = [None] * len(runs)
-    for batch in measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance):
+    return judged(measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance), len(runs), stage)
+
+
+def judged(measurements: list[Measurement], n: int, stage: Stage) -> list[UnitResult]:
+    """The results of the `n` runs `measure` gave `measurements` of, each collected and judged, in the runs' order."""
+    results: list[UnitResult | None] = [None] * n
+    for batch in measurements:
         batch.collect(stage)
         for i, unit in zip(batch.indices, batch.verdicts(), strict=True):
             results[i] = unit
@@ -616,4 +621,4 @@ def _invariance_verdicts(run: UnitRun, v: dict[str, float]):
 
 
 __all__ = ["Declarations", "Measurement", "PreparedTile", "ScaleFacts", "UnitRun", "bias_handling", "difference_cause",
-           "difference_causes", "judge", "measure", "schedule_cause", "tile_key"]
+           "difference_causes", "judge", "judged", "measure", "schedule_cause", "tile_key"]

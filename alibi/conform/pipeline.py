@@ -37,7 +37,17 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
-from alibi.conform.judge import Measurement, PreparedTile, Stage, ScaleFacts, UnitRun, judge, measure, tile_key
+from alibi.conform.judge import (
+    Measurement,
+    PreparedTile,
+    ScaleFacts,
+    Stage,
+    UnitRun,
+    judge,
+    judged,
+    measure,
+    tile_key,
+)
 from alibi.conform.results import (
     Equivalence,
     KernelRecord,
@@ -386,12 +396,7 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
 def _judged(work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement], stage: Stage
             ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
     """The units of one measured batch ((tile index, regime) each in `work`), collected and judged."""
-    units: list[UnitResult | None] = [None] * len(runs)
-    for measured in measurements:
-        measured.collect(stage)
-        for j, unit in zip(measured.indices, measured.verdicts(), strict=True):
-            units[j] = unit
-    for (i, regime), unit, run in zip(work, units, runs, strict=True):
+    for (i, regime), unit, run in zip(work, judged(measurements, len(runs), stage), runs, strict=True):
         yield i, regime, unit, run.evidence
 
 

@@ -287,17 +287,11 @@ def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[s
     return _packed_views(buffer, tensors)
 
 
-def packed(tile: Tile, device: torch.device | str) -> Tile:
-    """`tile` with its operands `pack`ed onto `device`: a private copy of it is then one copy of that buffer
-    (`private_copy`), not one per operand."""
-    return tile.replace(**pack({k: v for k, v in operands(tile).items() if v is not None}, device))
-
-
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
     """`tile` with every operand cloned (onto `device` when given): an arm that writes into its
     inputs cannot change what the other arm, or a later check, sees.
 
-    Operands that share one buffer which they fill between them (a `packed` tile's, or all but a regime's own
+    Operands that share one buffer which they fill between them (a `pack`ed tile's, or all but a regime's own
     scales of one) are copied with one copy of the whole buffer, each keeping its place, shape and strides in the
     copy; an operand alone in its buffer, or a view of a buffer much larger than the operands in it, is cloned
     by itself."""

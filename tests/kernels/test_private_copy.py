@@ -1,5 +1,5 @@
 """An arm's private copy of a tile: the same bits, shapes and strides in memory of its own, one copy per buffer for a
-tile whose operands share one (`packed`), and never a whole large buffer for a small view of it."""
+tile whose operands share one (`pack`), and never a whole large buffer for a small view of it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import torch
 
 from alibi.conform.pipeline import prepare
 from alibi.exact.numerics import pow2_round
-from alibi.kernels.base import OPERANDS, packed, private_copy
+from alibi.kernels.base import OPERANDS, operands, pack, private_copy
 from alibi.tiles.synthetic import synthetic_tiles
+
+
+def packed(tile, device):
+    """The tile with its operands `pack`ed into one buffer on `device`."""
+    return tile.replace(**pack({k: v for k, v in operands(tile).items() if v is not None}, device))
 
 
 def buffers(tile) -> set[int]:
