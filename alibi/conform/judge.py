@@ -62,8 +62,8 @@ class ScaleFacts:
 @dataclass
 class PreparedTile:
     """A tile on the check device with what both regimes share: the exact accumulator (int8), each arm's exposed
-    accumulator once a check has asked for it, per regime the tile under it (`regimes`) and its scale facts
-    (`facts`), and the rows of its M-invariance sub-batches (`subsets`)."""
+    accumulator once a check has asked for it, and per regime the tile under it (`regimes`) and its scale facts
+    (`facts`)."""
 
     tile: Tile
     acc: torch.Tensor | None
@@ -71,9 +71,6 @@ class PreparedTile:
     facts: dict[str, ScaleFacts]
     exposed: dict[str, torch.Tensor | None] = field(default_factory=dict)
     scheduled: dict[Any, torch.Tensor] = field(default_factory=dict)  # fp8: model accumulators
-    subsets: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
-    """The M-invariance sub-batches (real regime): each one's rows and the activation operands it takes, a_q and
-    (per row) s_a, in the tile's buffer: an arm's private copy of that buffer gives it all its sub-batches."""
 
     def scheduled_accumulator(self, schedule: AccumulationSchedule | BlockSchedule, tile: Tile | None = None,
                               regime: str = "real") -> torch.Tensor:

@@ -24,12 +24,10 @@ fixes it for reproducible builds).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +65,7 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, pack, private_copy, private_views, wait_for
+from alibi.kernels.base import Kernel, operands, pack, private_copy, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import PRESETS, synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
@@ -241,26 +239,13 @@ def prepare_tiles(tiles: list[tuple[Tile, Iterable[str]]], device: torch.device,
         with stage("io"):
             present = {k: v for k, v in operands(tile).items() if v is not None}
             own = {f"s_w:{r}": t.s_w for r, t in regimes.items() if t.s_w is not tile.s_w}
-            subsets = sub_batch_operands(tile) if "real" in regimes else []
-            rows = {f"{k}@{j}": v for j, (_, ops) in enumerate(subsets) for k, v in ops.items()}
-            views = pack({**present, **own, **rows}, device)
+            views = pack({**present, **own}, device)
             t = tile.replace(**{k: views[k] for k in present})
             placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in regimes}
-            subsets = [(r, {k: views[f"{k}@{j}"] for k in ops}) for j, (r, ops) in enumerate(subsets)]
         with stage("reference"):
             prepared.append(PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed,
-                                         tile_facts, subsets=subsets))
+                                         tile_facts))
     return prepared
-
-
-def sub_batch_operands(t: Tile) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
-    """Each M-invariance sub-batch of `t` (`sub_batches`): its rows and the activation operands it takes, a_q and,
-    where the activation scales are per row, s_a."""
-    subsets = []
-    for rows in sub_batches(t.M):
-        sub = t.rows(slice(rows[0], rows[-1] + 1))
-        subsets.append((rows, {"a_q": sub.a_q, **({"s_a": sub.s_a} if sub.s_a is not t.s_a else {})}))
-    return subsets
 
 
 def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
@@ -307,20 +292,19 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     if regime == "real" and invariance:
         def output(k: Kernel, tile: Tile) -> torch.Tensor:  # a launch only a check compares, queued
             return k.run(tile, on_device=True, evidence=False, wait=False).out.to(dev)
-
-        def sub_batch_outputs(k: Kernel) -> list[tuple[list[int], torch.Tensor]]:
-            """Each sub-batch run on the arm's own copy of the tile's buffer (one copy for all of them)."""
-            present = {name: v for name, v in operands(t).items() if v is not None}
-            rows = {f"{name}@{j}": v for j, (_, ops) in enumerate(prepared.subsets) for name, v in ops.items()}
-            views = private_views({**present, **rows}, k.torch_device())
-            own = t.replace(**{name: views[name] for name in present})
-            return [(r, output(k, own.replace(**{name: views[f"{name}@{j}"] for name in ops})))
-                    for j, (r, ops) in enumerate(prepared.subsets)]
         with stage("kernels"):
-            subsets = {arm: sub_batch_outputs(k) for arm, k in (("a", kernel_a), ("b", kernel_b))}
+            subsets = {arm: [(rows, output(k, sub_tile(t, rows))) for rows in sub_batches(t.M)]
+                       for arm, k in (("a", kernel_a), ("b", kernel_b))}
             again = {arm: output(k, private_copy(t, k.torch_device())) for arm, k in (("a", kernel_a), ("b", kernel_b))}
     return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
                    {"a": run_a.evidence, "b": run_b.evidence}, own)
+
+
+def sub_tile(t: Tile, rows: list[int]) -> Tile:
+    """The rows `rows` (consecutive, as `sub_batches` gives them) of `t` as a tile of their own, its activations
+    and their scales copied."""
+    sub = t.rows(slice(rows[0], rows[-1] + 1))
+    return sub.replace(a_q=sub.a_q.clone(), s_a=sub.s_a.clone())
 
 
 def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True,
@@ -384,42 +368,29 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
     regime, result, evidence) as each batch is judged.
 
-    The host and the device overlap: while the device works on a batch, the host packs the next batch's operands
-    and queues their transfer and exact accumulators (`prepare_tiles`). On a GPU (unless split by stage) that
-    happens in a worker thread from the moment the batch's kernels are issued: packing is copies into pinned host
-    memory, which run while the launches' Python holds the interpreter; elsewhere it happens in place, once the
-    batch's checks are queued (`alibi.conform.judge.measure`, nothing waited for). Then the batch's numbers are
-    collected and its verdicts built. A batch's kernels run only after every earlier unit was yielded, so a kernel
-    that ends the process loses no finished unit; a batch whose successor cannot be prepared yields its units
-    before the error ends the run. A unit's result does not depend on this order (each batch's tensors are its
-    own)."""
+    The host and the device overlap: while the device works on a batch's checks (queued by
+    `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
+    transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds its verdicts. A
+    batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
+    finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
-    def prepared(k: int) -> dict[int, PreparedTile]:
-        if k >= len(order):
-            return {}
-        return dict(zip((i for i, _, _ in order[k]),
-                        prepare_tiles([(tile, regimes) for _, tile, regimes in order[k]], device, timer), strict=True))
-    worker = ThreadPoolExecutor(1, thread_name_prefix="alibi-prepare") \
-        if device.type == "cuda" and timer is None else None
-    try:
-        ahead = prepared(0)
-        for k, batch in enumerate(order):
-            following = worker.submit(prepared, k + 1).result if worker else functools.partial(prepared, k + 1)
-            # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
-            work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
-            runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, timer=timer)
-            measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
-            try:
-                ahead = following()
-            except Exception:
-                yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error
-                raise
-            yield from _judged(work, runs, measurements, stage)
-    finally:
-        if worker:
-            worker.shutdown(wait=True, cancel_futures=True)
+    def prepared(batch: list[tuple[int, Tile, list[str]]]) -> dict[int, PreparedTile]:
+        return dict(zip((i for i, _, _ in batch), prepare_tiles([(tile, regimes) for _, tile, regimes in batch],
+                                                                 device, timer), strict=True))
+    ahead = prepared(order[0]) if order else {}
+    for k, batch in enumerate(order):
+        # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
+        work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
+        runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, timer=timer)
+        measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
+        try:
+            ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
+        except Exception:
+            yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error ends it
+            raise
+        yield from _judged(work, runs, measurements, stage)
 
 
 def _judged(work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement], stage: Stage

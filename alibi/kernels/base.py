@@ -289,37 +289,32 @@ def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[s
 
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
     """`tile` with every operand cloned (onto `device` when given): an arm that writes into its
-    inputs cannot change what the other arm, or a later check, sees (`private_views` of its operands)."""
-    return tile.replace(**private_views({k: v for k, v in operands(tile).items() if v is not None}, device))
+    inputs cannot change what the other arm, or a later check, sees.
 
-
-def private_views(tensors: dict[str, torch.Tensor], device: torch.device | str | None = None
-                  ) -> dict[str, torch.Tensor]:
-    """Every tensor of `tensors` copied (onto `device` when given), by name.
-
-    Tensors that share one buffer which they fill between them (a `pack`ed tile's, or all but a regime's own
+    Operands that share one buffer which they fill between them (a `pack`ed tile's, or all but a regime's own
     scales of one) are copied with one copy of the whole buffer, each keeping its place, shape and strides in the
-    copy; a tensor alone in its buffer, or a view of a buffer much larger than the tensors in it, is cloned
+    copy; an operand alone in its buffer, or a view of a buffer much larger than the operands in it, is cloned
     by itself."""
     def copy(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True) if device is not None else t.clone()
 
+    present = {k: v for k, v in operands(tile).items() if v is not None}
     by_buffer: dict[tuple[torch.device, int], list[str]] = {}
-    for k, v in tensors.items():
+    for k, v in present.items():
         by_buffer.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(k)
     copies: dict[str, torch.Tensor] = {}
     for keys in by_buffer.values():
-        storage = tensors[keys[0]].untyped_storage()
-        filled = sum(_aligned_bytes(tensors[k]) for k in keys)
+        storage = present[keys[0]].untyped_storage()
+        filled = sum(_aligned_bytes(present[k]) for k in keys)
         if len(keys) == 1 or storage.nbytes() > filled + filled // 8:
-            copies.update((k, copy(tensors[k])) for k in keys)
+            copies.update((k, copy(present[k])) for k in keys)
             continue
-        whole = copy(torch.empty(0, dtype=torch.uint8, device=tensors[keys[0]].device).set_(storage))
+        whole = copy(torch.empty(0, dtype=torch.uint8, device=present[keys[0]].device).set_(storage))
         for k in keys:
-            v = tensors[k]
+            v = present[k]
             copies[k] = torch.empty(0, dtype=v.dtype, device=whole.device).set_(
                 whole.untyped_storage(), v.storage_offset(), v.shape, v.stride())
-    return copies
+    return tile.replace(**copies)
 
 
 class UnavailableKernel(Kernel):

@@ -123,36 +123,3 @@ def test_masks_counted_at_once_give_each_name_its_own_per_unit_counts_and_values
     for i, u in enumerate(units):
         assert u["a"] == u["again"] == expected_full[i] and u["b"] == expected_other[i] and u["top"] == peak[i]
     assert [units[0]["p"], units[2]["p"]] == expected_part
-
-
-class Recorded(EmulatorKernel):
-    """An emulator that keeps, for every launch, the storage its operands lie in and their values."""
-
-    def __init__(self, seen: list[dict]):
-        super().__init__(get_kernel("emulator:a_then_w").epilogue)
-        self.seen = seen
-
-    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
-        self.seen.append({"storage": {a_q.untyped_storage().data_ptr(), w_q.untyped_storage().data_ptr()},
-                          "a_q": a_q.clone(), "s_a": s_a.clone(), "M": a_q.shape[0]})
-        return super().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
-
-
-def test_each_arms_sub_batches_run_on_one_private_copy_holding_the_tiles_rows():
-    tile = TILES[0]
-    seen_a: list[dict] = []
-    seen_b: list[dict] = []
-    prepared = pipeline.prepare(tile, torch.device("cpu"), regimes=["real"])
-    pipeline.run_unit(Pair(Recorded(seen_a), Recorded(seen_b), "test"), prepared, "real")
-    buffer = prepared.tile.a_q.untyped_storage().data_ptr()
-    for seen in (seen_a, seen_b):
-        subs = [s for s in seen if s["M"] < tile.M]
-        assert [s["M"] for s in subs] == [len(rows) for rows in pipeline.sub_batches(tile.M)]
-        # one copy for the arm's sub-batches: activations and weights in one storage, not the prepared tile's
-        assert len(set.union(*(s["storage"] for s in subs))) == 1 and buffer not in subs[0]["storage"]
-        for s, rows in zip(subs, pipeline.sub_batches(tile.M), strict=True):
-            assert torch.equal(s["a_q"], tile.a_q[rows[0]:rows[-1] + 1])
-            assert torch.equal(s["s_a"], tile.s_a[rows[0]:rows[-1] + 1])
-    # the two arms' copies are distinct
-    assert not set.union(*(s["storage"] for s in seen_a if s["M"] < tile.M)) & set.union(
-        *(s["storage"] for s in seen_b if s["M"] < tile.M))
