@@ -176,16 +176,10 @@ class W8A8Scheme:
         return cls(tuple(targets), tuple(ignore), strategies.pop())
 
 
-@dataclass(frozen=True)
-class QuantizedLinear:
-    """One quantized Linear: int8 `weight` [N,K], fp32 `scale` [N], the dtype the scale is stored
-    in (`scale_dtype`), and an optional `bias` [N] in the model's dtype."""
+class WeightShape:
+    """N and K of a quantized Linear, read from its `weight` [N, K]."""
 
-    name: str
     weight: torch.Tensor
-    scale: torch.Tensor
-    scale_dtype: torch.dtype
-    bias: torch.Tensor | None = None
 
     @property
     def N(self) -> int:
@@ -194,6 +188,18 @@ class QuantizedLinear:
     @property
     def K(self) -> int:
         return self.weight.shape[1]
+
+
+@dataclass(frozen=True)
+class QuantizedLinear(WeightShape):
+    """One quantized Linear: int8 `weight` [N,K], fp32 `scale` [N], the dtype the scale is stored
+    in (`scale_dtype`), and an optional `bias` [N] in the model's dtype."""
+
+    name: str
+    weight: torch.Tensor
+    scale: torch.Tensor
+    scale_dtype: torch.dtype
+    bias: torch.Tensor | None = None
 
     def replace(self, **changes) -> QuantizedLinear:
         return dataclasses.replace(self, **changes)

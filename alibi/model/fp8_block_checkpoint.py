@@ -36,6 +36,7 @@ from alibi.exact.fp8_block import DEEPSEEK_V3, BlockLayout, quantize_fp8_blocks
 from alibi.exact.numerics import dtype_name
 from alibi.model.checkpoint import CONFIG_FILE, read_config, read_tensors
 from alibi.model.compressed_tensors import (
+    WeightShape,
     checked_module_list,
     is_decoder_linear,
     module_listed,
@@ -106,7 +107,7 @@ class BlockFp8Scheme:
 
 
 @dataclass(frozen=True)
-class BlockQuantizedLinear:
+class BlockQuantizedLinear(WeightShape):
     """One block-scaled Linear: e4m3 `weight` [N, K], fp32 `scale_inv` [ceil(N/bn), ceil(K/bk)] (the checkpoint's
     `weight_scale_inv`), and an optional `bias` [N] in the model's dtype."""
 
@@ -114,14 +115,6 @@ class BlockQuantizedLinear:
     weight: torch.Tensor
     scale_inv: torch.Tensor
     bias: torch.Tensor | None = None
-
-    @property
-    def N(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.weight.shape[1]
 
 
 @dataclass(frozen=True)
