@@ -3,7 +3,7 @@ of `cublaslt-fp8-block` on random tiles of several seeds at each shape, and the 
 output bit of every seed (their intersection). A shape whose intersection is one schedule, with every run
 identical, is a candidate for the kernel's `IDENTIFIED_LONG_K`; one with several is left undeclared.
 
-    PYTHONPATH=. python analysis/h200/cublaslt_long_k.py OUT.json [--seeds 4] [--budget 300]
+    PYTHONPATH=. python analysis/h200/cublaslt_long_k.py OUT.json [--seeds 4] [--budget 300] [--shapes MxNxK,...]
 """
 
 import argparse
@@ -24,11 +24,13 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--seeds", type=int, default=4)
 parser.add_argument("--budget", type=float, default=300.0)
+parser.add_argument("--shapes", help="MxNxK,... instead of SHAPES")
 args = parser.parse_args()
+shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
 kernel = get_kernel("cublaslt-fp8-block")
 start = time.perf_counter()
 rows = []
-for M, N, K in SHAPES:
+for M, N, K in shapes:
     if time.perf_counter() - start > args.budget:
         print(f"{M}x{N}x{K}: not read (the budget of {args.budget:.0f} s is spent)", flush=True)
         continue
