@@ -523,8 +523,7 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
                                                            names)
     else:
         pd, why_not = _part(v, "pd_"), ""
-    near = (checks.near_zero_result(_part(v, "nz_"),
-                                    dtype_name(t.out_dtype))
+    near = (checks.near_zero_result(_part(v, "nz_"), dtype_name(t.out_dtype))
             if int8 and regime == "real" else checks.NO_NEAR_ZERO)
     rt = _part(v, "rt_")
     verdicts = [

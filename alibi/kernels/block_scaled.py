@@ -210,9 +210,13 @@ class CublasLtFp8BlockKernel(BlockScaledKernel):
         """The multiples `scaled_mm` pads M, N and K to before cuBLASLt sees them."""
         return ROW_MULTIPLE, self.layout.block_n, self.layout.block_k * SCALE_GROUP_MULTIPLE
 
+    def padded_shape(self, M: int, N: int, K: int) -> tuple[int, int, int]:
+        """The shape cuBLASLt sees: M, N and K padded as `scaled_mm` pads them (`multiples`)."""
+        return tuple(-(-size // multiple) * multiple for size, multiple in zip((M, N, K), self.multiples, strict=True))
+
     def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
-        """The declaration at the shape cuBLASLt sees (M, N and K padded as `scaled_mm` pads them)."""
-        Mp, Np, Kp = (-(-size // multiple) * multiple for size, multiple in zip((M, N, K), self.multiples))
+        """The declaration at the shape cuBLASLt sees (`padded_shape`)."""
+        Mp, Np, Kp = self.padded_shape(M, N, K)
         if Kp <= SHORT_K:
             return self.accumulation
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None

@@ -23,9 +23,7 @@ def identified() -> dict[tuple[str, int, int, int], str]:
             common, alone = row["common"], [m for m in row["matched_per_seed"] if m == row["common"]]
             if len(common) != 1 or len(alone) < 2 or not row["run_to_run_identical"]:
                 continue
-            padded = tuple(-(-size // step) * step for size, step in zip((row["M"], row["N"], row["K"]),
-                                                                         kernel.multiples, strict=True))
-            key = (doc["gpu"], *padded)
+            key = (doc["gpu"], *kernel.padded_shape(row["M"], row["N"], row["K"]))
             assert found.setdefault(key, common[0]) == common[0], f"two readings disagree at {key}"
     return found
 
