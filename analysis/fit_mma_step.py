@@ -3,12 +3,11 @@
     python analysis/fit_mma_step.py mma16.safetensors [--out fit.json]
 
 Every case of the file is `out = C + a·bᵀ` chained over K on the GPU (a, b e4m3 [16, K], C fp32 [16, 16]). Each
-candidate `StepModel` (k, align_bits, the two cuts, whether C joins the alignment, whether the operands' exponents
-are their fields' or their values' — an f16 `mma.sync` sees the e4m3 operands converted to f16, where every e4m3
-subnormal is normal) is run over every case, and the candidates that reproduce every output bit are printed, with
-the differing-output counts of the nearest others (a candidate that fails on the shortest chains is counted there
-only). Nothing is assumed about which instruction ran: the file's
-metadata names the PTX.
+candidate `StepModel` (k; align_bits; the two cuts; whether C joins the alignment; `f16_operands`: whether the
+operands' exponents are their values', as after the conversion to f16 that an f16 `mma.sync` sees; `k_order`: which
+products one instruction takes) is run over every case, and the candidates that reproduce every output bit are
+printed, with the differing-output counts of the nearest others (a candidate that fails on the shortest chains is
+counted there only). Nothing is assumed about which instruction ran: the file's metadata names the PTX.
 """
 
 from __future__ import annotations
@@ -23,14 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from alibi.exact.fp8_mma import CUTS, Fp8Operand, StepModel, decode, dot_steps
-
-
-def renormalised(x: Fp8Operand) -> Fp8Operand:
-    """The operand with each nonzero value's exponent read from the value (floor(log2|x|)), as after an exact
-    conversion to a wider format in which it is normal."""
-    _, ex = torch.frexp(torch.where(x.zero | ~torch.isfinite(x.value), torch.ones_like(x.value), x.value))
-    return Fp8Operand(x.value, torch.where(x.zero, x.exponent, ex.to(torch.int32) - 1), x.zero)
+from alibi.exact.fp8_mma import CUTS, K_ORDERS, Fp8Operand, StepModel, decode, dot_steps
 
 
 def load(path: Path) -> dict[int, tuple[torch.Tensor, ...]]:
@@ -46,14 +38,12 @@ def load(path: Path) -> dict[int, tuple[torch.Tensor, ...]]:
     return {K: tuple(torch.stack(x) for x in zip(*cases)) for K, cases in groups.items()}
 
 
-def differing(model: StepModel, groups, renorm: bool) -> int:
+def differing(model: StepModel, groups) -> int:
     n = 0
     for K, (a, b, c, out) in groups.items():
-        if K % model.k:
+        if K % model.period:
             return -1
         da, db = decode(a), decode(b)
-        if renorm:
-            da, db = renormalised(da), renormalised(db)
         # rows of a against rows of b: [n, 16, 1, K] x [n, 1, 16, K]
         A = Fp8Operand(da.value[:, :, None], da.exponent[:, :, None], da.zero[:, :, None])
         B = Fp8Operand(db.value[:, None], db.exponent[:, None], db.zero[:, None])
@@ -72,22 +62,22 @@ def main() -> int:
     # every candidate on the shortest chains first; only those that reproduce all of them on the rest
     shortest = {min(groups): groups[min(groups)]}
     results = []
-    for k, align, acut, rcut, cjoin, renorm in itertools.product((8, 16, 32), range(23, 31), CUTS,
-                                                                   ("toward_zero", "nearest"), (True, False),
-                                                                   (True, False)):
+    for k, align, acut, rcut, cjoin, f16, order in itertools.product((8, 16, 32), range(23, 31), CUTS,
+                                                                      ("toward_zero", "nearest"), (True, False),
+                                                                      (True, False), K_ORDERS):
         model = StepModel(k=k, align_bits=align, align_cut=acut, result_bits=23, result_cut=rcut,
-                          c_joins_alignment=cjoin)
-        n = differing(model, shortest, renorm)
+                          c_joins_alignment=cjoin, f16_operands=f16, k_order=order)
+        n = differing(model, shortest)
         if n == 0 and len(groups) > 1:
-            n = differing(model, groups, renorm)
+            n = differing(model, groups)
         if n >= 0:
-            results.append((n, model, renorm))
+            results.append((n, model))
     results.sort(key=lambda r: r[0])
-    for n, model, renorm in results[:15]:
-        print(f"{n:8d} differ: {model.name}{' +operands-renormalised' if renorm else ''}")
+    for n, model in results[:15]:
+        print(f"{n:8d} differ: {model.name}")
     if args.out:
-        args.out.write_text(json.dumps([{"differing": n, "of": total, "model": asdict(m), "operands_renormalised": r}
-                                        for n, m, r in results], indent=1))
+        args.out.write_text(json.dumps([{"differing": n, "of": total, "model": asdict(m)} for n, m in results],
+                                       indent=1))
     return 0 if results and results[0][0] == 0 else 1
 
 

@@ -12,8 +12,10 @@ K. Two tiles read them:
 * a random block tile per shape (`random_block_tile`: Gaussian activations with a heavy-tailed column spread and
   weights, quantised as the checkpoints are, `alibi.exact.fp8_block`), run twice (the second run tells a
   run-to-run difference, which only a nondeterministic reduction explains), and compared bit for bit with the
-  emulator under the declared schedule, every promotion of `candidate_block_schedules` at 128 k, and, where none of
-  those matches, the same promotions with the blocks in reverse or K split in 2 or 4 parts (`SPLITS`).
+  emulator under the declared schedule, every promotion of `candidate_block_schedules` at 128 k on the declared
+  schedule's tensor-core step (`wgmma`'s where none is declared), and, where none of those matches, the same
+  promotions with the blocks in reverse or K split in 2 or 4 parts (`SPLITS`), and every promotion on the other
+  steps of `STEP_PARTS` (the f16 `mma.sync` of a 16-row Triton dot).
 
 A declared schedule matches at a shape when its emulation equals the kernel's output on every element of the random
 tile and, where the probe applies, on every element of the probe. A kernel that declares none (`cublaslt-fp8-block`
@@ -33,11 +35,14 @@ from alibi.exact.emulator import apply_epilogue
 from alibi.exact.fp8_block import DEEPSEEK_V3, LAYOUT_KEY, BlockLayout, quantize_fp8_blocks, quantize_fp8_groups
 from alibi.exact.fp8_block_mma import (
     PROMOTIONS,
+    STEP_PARTS,
     BlockSchedule,
     accumulate_blocks,
     candidate_block_schedules,
     parse_block_schedule,
+    step_part,
 )
+from alibi.exact.fp8_mma import WGMMA_FP8, StepModel
 from alibi.exact.numerics import bitwise_differ_mask, bitwise_equal_mask
 from alibi.kernels.base import Kernel
 from alibi.kernels.cpu import unit_scales
@@ -162,7 +167,7 @@ def read_probe(kernel: Kernel, seed: int = 0) -> ProbeReading:
     except InputError as refusal:
         return ProbeReading(False, f"{kernel.name} refuses the probe: {refusal}", (), label)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    schedules = {s.label: s for s in candidate_block_schedules(128)}
+    schedules = {s.label: s for s in candidate_block_schedules(128, WGMMA_FP8 if declared is None else declared.step)}
     if declared is not None and declared.deterministic:
         schedules.setdefault(declared.label, declared)
     cands = tuple(_checked(s, tile, out, kernel, dev) for s in schedules.values())
@@ -172,8 +177,8 @@ def read_probe(kernel: Kernel, seed: int = 0) -> ProbeReading:
                         label, matched)
 
 
-def _variants(promotion: str) -> list[BlockSchedule]:
-    return [parse_block_schedule(f"block128:{promotion}:{v}") for v in SPLITS]
+def _variants(promotion: str, step: StepModel) -> list[BlockSchedule]:
+    return [parse_block_schedule(f"block128:{promotion}:{v}{step_part(step)}") for v in SPLITS]
 
 
 def identify_block_schedule(kernel: Kernel, shapes: list[tuple[int, int, int]], *, seed: int = 0,
@@ -196,13 +201,14 @@ def identify_block_schedule(kernel: Kernel, shapes: list[tuple[int, int, int]], 
         if declared is not None and declared.deterministic:
             checked[declared.label] = _checked(declared, tile, out, kernel, dev)
             declared_ok = checked[declared.label].matches
-        for cand in candidate_block_schedules(128):
+        step = WGMMA_FP8 if declared is None else declared.step
+        for cand in candidate_block_schedules(128, step):
             if cand.label not in checked:
                 checked[cand.label] = _checked(cand, tile, out, kernel, dev)
         if not any(c.matches for c in checked.values()):
-            for promotion in PROMOTIONS:
-                for cand in _variants(promotion):
-                    checked[cand.label] = _checked(cand, tile, out, kernel, dev)
+            others = [c for m in STEP_PARTS.values() if m != step for c in candidate_block_schedules(128, m)]
+            for cand in [c for p in PROMOTIONS for c in _variants(p, step)] + others:
+                checked[cand.label] = _checked(cand, tile, out, kernel, dev)
         results.append(BlockShapeIdentification(M, N, K, None if declared is None else declared.label, declared_ok,
                                                  identical, tuple(checked.values())))
     return BlockIdentification(kernel.name, probe, tuple(results))

@@ -39,7 +39,8 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import fma_f32
 from alibi.exact.fp8_block import BlockLayout
-from alibi.exact.fp8_mma import WGMMA_FP8, Fp8Operand, SplitK, StepModel, decode, products, step
+from alibi.exact.fp8_mma import (TRITON_F16_MMA, WGMMA_FP8, Fp8Operand, SplitK, StepModel, as_instruction_sees,
+                                 decode, products, step)
 from alibi.exact.triton_division import triton_divide
 
 First = Literal["sa*sw", "p*sa", "p*sw"]
@@ -53,8 +54,9 @@ PROMOTIONS: dict[str, tuple[str, bool]] = {  # text → (the product rounded fir
 }
 RESCALE = "rescale"
 Order = Literal["ascending", "descending"]
-BLOCK_SCHEDULE_SYNTAX = ("block<k>:<promotion>[:reverse][:split-<p>[-desc|-atomic]][:stream-k], <promotion> one of "
-                         + ", ".join([*PROMOTIONS, RESCALE]))
+BLOCK_SCHEDULE_SYNTAX = ("block<k>:<promotion>[:reverse][:split-<p>[-desc|-atomic]][:stream-k][:f16-mma], <promotion> "
+                         "one of " + ", ".join([*PROMOTIONS, RESCALE]))
+STEP_PARTS = {"f16-mma": TRITON_F16_MMA}  # a schedule part naming the tensor-core step, when it is not `wgmma`'s
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,9 @@ class BlockSchedule:
         if self.promotion not in PROMOTIONS and self.promotion != RESCALE:
             raise InputError(f"block schedule {self.label!r}: unknown promotion {self.promotion!r}; use "
                              f"{BLOCK_SCHEDULE_SYNTAX}")
-        if self.chain_k <= 0 or self.chain_k % self.step.k:
+        if self.chain_k <= 0 or self.chain_k % self.step.period:
             raise InputError(f"block schedule {self.label!r}: block{self.chain_k} is not a positive multiple of the "
-                             f"step's k={self.step.k}")
+                             f"step's period {self.step.period}")
         if self.promotion == RESCALE and (self.order != "ascending" or (self.split and self.deterministic)):
             raise InputError(f"block schedule {self.label!r}: a rescaled chain runs over K in ascending order; only a "
                              "nondeterministic split (atomics) is declared beside it")
@@ -122,7 +124,9 @@ def parse_block_schedule(text: str, step_model: StepModel = WGMMA_FP8) -> BlockS
     order: Order = "ascending"
     split, stream_k = None, False
     for part in parts[2:]:
-        if part == "reverse":
+        if part in STEP_PARTS:
+            step_model = STEP_PARTS[part]
+        elif part == "reverse":
             order = "descending"
         elif part == "stream-k":
             stream_k = True
@@ -137,10 +141,20 @@ def parse_block_schedule(text: str, step_model: StepModel = WGMMA_FP8) -> BlockS
     return BlockSchedule(text, promotion, chain_k, step_model, order, split, stream_k)
 
 
-def candidate_block_schedules(chain_k: int = 128) -> list[BlockSchedule]:
-    """Every promotion of `PROMOTIONS` at one chain length, and the rescaled chain: what `alibi identify` tries on a
-    kernel whose association is undocumented (cuBLASLt's blockwise recipe)."""
-    return [parse_block_schedule(f"block{chain_k}:{p}") for p in [*PROMOTIONS, RESCALE]]
+def candidate_block_schedules(chain_k: int = 128, step_model: StepModel = WGMMA_FP8) -> list[BlockSchedule]:
+    """Every promotion of `PROMOTIONS` at one chain length, and the rescaled chain, on one tensor-core step: what
+    `alibi identify` tries on a kernel whose association is undocumented (cuBLASLt's blockwise recipe)."""
+    return [parse_block_schedule(f"block{chain_k}:{p}{step_part(step_model)}") for p in [*PROMOTIONS, RESCALE]]
+
+
+def step_part(step_model: StepModel) -> str:
+    """The schedule part that names `step_model` (`STEP_PARTS`): empty for `wgmma`'s, the default."""
+    if step_model == WGMMA_FP8:
+        return ""
+    part = next((name for name, model in STEP_PARTS.items() if model == step_model), None)
+    if part is None:
+        raise InputError(f"step model {step_model.name} has no schedule part; declare it in STEP_PARTS")
+    return f":{part}"
 
 
 def block_schedule_differences(a: BlockSchedule, b: BlockSchedule) -> list[str]:
@@ -216,10 +230,10 @@ def accumulate_blocks(schedule: BlockSchedule, a_q: torch.Tensor, s_a: torch.Ten
                          f"cover whole scale blocks of {bk} k ({layout.text})")
     (M, K), N = a_q.shape, w_q.shape[0]
     dev = a_q.device
-    pad = -K % schedule.step.k
+    pad = -K % schedule.step.period
     if pad:  # the zero byte is +0 in e4m3, decoded as a masked-off load reads it
         a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
-    a, w = decode(a_q), decode(w_q.to(dev))
+    a, w = (as_instruction_sees(decode(x.to(dev)), schedule.step) for x in (a_q, w_q))
     sa_all = s_a.to(dev, torch.float32)
     sw_all = layout.column_scales(s_w.to(dev, torch.float32), N)  # [N, G]
     rows = max(1, min(M, max_elements // max(1, N * schedule.step.k)))
@@ -273,6 +287,6 @@ TRITON_VLLM = parse_block_schedule("block128:fma(p*sa,sw,acc)")
 TRITON_VLLM_UNFUSED = parse_block_schedule("block128:acc+(p*sa)*sw")
 FBGEMM_FAST = parse_block_schedule("block256:rescale")
 
-__all__ = ["BLOCK_SCHEDULE_SYNTAX", "BlockSchedule", "DEEPGEMM", "FBGEMM_FAST", "PROMOTIONS", "RESCALE",
+__all__ = ["BLOCK_SCHEDULE_SYNTAX", "BlockSchedule", "DEEPGEMM", "FBGEMM_FAST", "PROMOTIONS", "RESCALE", "STEP_PARTS",
            "TRITON_VLLM", "TRITON_VLLM_UNFUSED", "accumulate_blocks", "block_schedule_differences",
-           "candidate_block_schedules", "check_block_operands", "parse_block_schedule", "promote"]
+           "candidate_block_schedules", "check_block_operands", "parse_block_schedule", "promote", "step_part"]

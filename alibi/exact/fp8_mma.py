@@ -43,6 +43,10 @@ from alibi.errors import InputError
 
 Cut = Literal["toward_zero", "toward_minus_inf", "nearest"]
 CUTS: tuple[str, ...] = ("toward_zero", "toward_minus_inf", "nearest")  # nearest: ties to even
+KOrder = Literal["contiguous", "pair-interleaved"]
+K_ORDERS: tuple[str, ...] = ("contiguous", "pair-interleaved")
+"""Which products one instruction takes: `contiguous`, k after k; `pair-interleaved`, of each 2k products the
+first instruction takes the pairs at even pair index (products 0, 1, 4, 5, …), the second the odd ones."""
 ZERO_EXPONENT = -126  # a zero term's exponent: fp32's smallest normal exponent, below any nonzero fp8 product's
 CANONICAL_NAN = 0x7FFFFFFF
 
@@ -56,7 +60,9 @@ class StepModel:
     incoming accumulator is one of the aligned terms (else the products are aligned among themselves and C is added
     to their cut sum before the result cut); zero_from_fields: a zero product's exponent is `ea + eb` read from the
     operands' exponent fields (a zero's field reads as the format's minimum exponent) instead of −126;
-    nan_bits: the fp32 bit pattern of a NaN result.
+    nan_bits: the fp32 bit pattern of a NaN result; k_order: which products one instruction takes (`K_ORDERS`);
+    f16_operands: the fp8 operands reach the tensor core converted to f16, where every e4m3 subnormal is normal, so
+    an operand's exponent is its value's (floor(log2|x|)), not its field's.
     """
 
     k: int = 32
@@ -67,6 +73,8 @@ class StepModel:
     c_joins_alignment: bool = True
     zero_from_fields: bool = False
     nan_bits: int = CANONICAL_NAN
+    k_order: KOrder = "contiguous"
+    f16_operands: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 1 or not 1 <= self.align_bits <= 30 or not 1 <= self.result_bits <= 23:
@@ -75,6 +83,14 @@ class StepModel:
         for name in ("align_cut", "result_cut"):
             if getattr(self, name) not in CUTS:
                 raise InputError(f"step model: {name}={getattr(self, name)!r}; choose one of {', '.join(CUTS)}")
+        if self.k_order not in K_ORDERS:
+            raise InputError(f"step model: k_order={self.k_order!r}; choose one of {', '.join(K_ORDERS)}")
+
+    @property
+    def period(self) -> int:
+        """The products a chain is cut into whole instructions by: k, or 2k where two instructions share their
+        products between them (`k_order`); a chain's length is a multiple of it (zero-padded)."""
+        return self.k if self.k_order == "contiguous" else 2 * self.k
 
     @property
     def name(self) -> str:
@@ -84,11 +100,19 @@ class StepModel:
                    if v != "toward_zero"]
         extras += [] if self.c_joins_alignment else ["c-after"]
         extras += ["zero-fields"] if self.zero_from_fields else []
+        extras += [] if self.k_order == "contiguous" else [self.k_order]
+        extras += ["f16-operands"] if self.f16_operands else []
         return "+".join([base, *extras])
 
 
 WGMMA_FP8 = StepModel()
 """The published (and, on this project's H100/H200, measured: docs/fp8.md) model of sm_90 `wgmma` FP8 steps."""
+TRITON_F16_MMA = StepModel(k=16, align_bits=25, result_bits=23, k_order="pair-interleaved", f16_operands=True)
+"""A Triton 3.6 fp8 `tl.dot` below 64 rows on sm_90: `mma.sync.m16n8k16.f32.f16.f16.f32` on the operands converted
+to f16. The step is the published Hopper `mma` model (Xie et al., "MMA-Sim": 16 products and C aligned to 25
+fractional bits, cut toward zero, the sum cut toward zero to fp32); which products one instruction takes is Triton's
+8-bit operand layout: of each 32 products the first instruction takes those at (i // 2) even, the second the rest.
+Both read from 176 recorded chains on an H100 (45,056 outputs, every bit: analysis/results/cpu/mma16-fit)."""
 
 
 # --- operands ---------------------------------------------------------------------------------------------
@@ -123,6 +147,25 @@ def fp32_exponent(c: torch.Tensor) -> torch.Tensor:
     subnormals and zeros (int32)."""
     field = (c.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
     return torch.where(field == 0, torch.full_like(field, -126), field - 127)
+
+
+def as_instruction_sees(x: Fp8Operand, model: StepModel) -> Fp8Operand:
+    """`x` [..., K] (K a multiple of `model.period`) as the instruction takes it: its products reordered so that
+    every k consecutive ones are one instruction's (`k_order`), its exponents its values' where the operands are
+    converted to f16 first (`f16_operands`)."""
+    if model.f16_operands:
+        finite = ~x.zero & torch.isfinite(x.value)
+        _, ex = torch.frexp(torch.where(finite, x.value, torch.ones_like(x.value)))
+        x = Fp8Operand(x.value, torch.where(finite, ex.to(torch.int32) - 1, x.exponent), x.zero)
+    if model.k_order == "contiguous":
+        return x
+    K = x.value.shape[-1]
+    if K % model.period:
+        raise InputError(f"{model.name}: K={K} is not a multiple of the instructions' period {model.period}")
+    i = torch.arange(model.period)
+    chunk = torch.cat([i[(i // 2) % 2 == 0], i[(i // 2) % 2 == 1]])
+    order = (torch.arange(0, K, model.period)[:, None] + chunk[None]).reshape(-1).to(x.value.device)
+    return Fp8Operand(x.value[..., order], x.exponent[..., order], x.zero[..., order])
 
 
 # --- one step ---------------------------------------------------------------------------------------------
@@ -195,8 +238,9 @@ def dot_steps(a: Fp8Operand, b: Fp8Operand, c: torch.Tensor, model: StepModel = 
     """A chain of steps over dot products given as rows: `a`, `b` [..., K] (K a multiple of `model.k`), `c` [...]
     the initial accumulator; returns the fp32 result [...] (the probes' form of the model)."""
     K = a.value.shape[-1]
-    if K % model.k:
-        raise InputError(f"dot_steps: K={K} is not a multiple of the step's k={model.k}")
+    if K % model.period:
+        raise InputError(f"dot_steps: K={K} is not a multiple of the step's period {model.period}")
+    a, b = as_instruction_sees(a, model), as_instruction_sees(b, model)
     acc = c.to(torch.float32)
     for k0 in range(0, K, model.k):
         sl = slice(k0, k0 + model.k)
@@ -330,10 +374,10 @@ def accumulate(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: torch.Ten
     N = w_q.shape[0]
     w_q = w_q.to(a_q.device)
     kstep = schedule.step.k
-    pad = -K % kstep
+    pad = -K % schedule.step.period
     if pad:  # the zero byte is +0 in both formats, decoded as a masked-off load reads it
         a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
-    a, w = decode(a_q), decode(w_q)
+    a, w = (as_instruction_sees(decode(x), schedule.step) for x in (a_q, w_q))
     Kp = K + pad
     rows = max(1, min(M, max_elements // max(1, N * kstep)))
     out = torch.empty((M, N), dtype=torch.float32, device=a_q.device)
@@ -370,10 +414,11 @@ def accumulate_prefixes(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: 
     over the steps (the depth sweep's nested prefixes); schedules without split-K only."""
     if schedule.split_k is not None or not schedule.deterministic:
         raise InputError(f"accumulate_prefixes: schedule {schedule.label!r} splits K; use accumulate per K")
-    kstep = schedule.step.k
-    if any(K % kstep or K <= 0 for K in Ks):
-        raise InputError(f"accumulate_prefixes: every K must be a positive multiple of {kstep}, got {Ks}")
-    a, w = decode(a_q[:, None, :]), decode(w_q.to(a_q.device)[None])
+    kstep, period = schedule.step.k, schedule.step.period
+    if any(K % period or K <= 0 for K in Ks):
+        raise InputError(f"accumulate_prefixes: every K must be a positive multiple of {period}, got {Ks}")
+    a, w = (as_instruction_sees(decode(x[..., :max(Ks)]), schedule.step)
+            for x in (a_q[:, None, :], w_q.to(a_q.device)[None]))
     zero = torch.zeros((a_q.shape[0], w_q.shape[0]), dtype=torch.float32, device=a_q.device)
     main, chain, out = zero, zero, {}
     for s0 in range(0, max(Ks), kstep):
@@ -389,6 +434,6 @@ def accumulate_prefixes(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: 
     return out
 
 
-__all__ = ["AccumulationSchedule", "CUTS", "FAST_ACCUM", "Fp8Operand", "PROMOTE_128", "SCHEDULE_SYNTAX", "SplitK",
-           "StepModel", "WGMMA_FP8", "ZERO_EXPONENT", "accumulate", "accumulate_prefixes", "decode", "dot_steps",
-           "fp32_exponent", "parse_schedule", "products", "step"]
+__all__ = ["AccumulationSchedule", "CUTS", "FAST_ACCUM", "Fp8Operand", "K_ORDERS", "PROMOTE_128", "SCHEDULE_SYNTAX",
+           "SplitK", "StepModel", "TRITON_F16_MMA", "WGMMA_FP8", "ZERO_EXPONENT", "accumulate", "accumulate_prefixes",
+           "as_instruction_sees", "decode", "dot_steps", "fp32_exponent", "parse_schedule", "products", "step"]

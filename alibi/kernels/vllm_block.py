@@ -23,9 +23,10 @@ variable naming the file, else an installed vllm.
   `acc+(p*sa)*sw` of the source differs on 7 to 22 elements of each random tile there). Which tensor-core
   instruction runs is a fact of the config too: a BLOCK_SIZE_M of 64 or more compiles to `wgmma` (the step model
   measured in docs/fp8.md), a smaller one to an f16 `mma.sync` (the fp8 operands converted to f16 first, Triton
-  3.6), whose accumulation the step model does not describe: at such shapes (vLLM's tuned H200 configs pick
-  BLOCK_SIZE_M = 16 for M up to about 128 on some DeepSeek-V3 layers) the kernel declares no schedule, so its
-  pairs there are not judged, naming the reason, and `alibi identify` says no declaration matches.
+  3.6): vLLM's tuned H100 and H200 configs pick BLOCK_SIZE_M = 16 for M up to about 128 on most DeepSeek-V3
+  layers. There the schedule is the same promotion with the step `alibi.exact.fp8_mma.TRITON_F16_MMA` (part
+  `f16-mma` of the schedule): Hopper's `mma` step, 16 products aligned to 25 bits, each instruction taking
+  Triton's interleaved pairs of products.
   Ragged K and N are the kernel's own business (masked loads; scale indices `k // 128`, `n // 128`): no padding.
 * `vllm-cutlass-fp8-block` — `torch.ops._C.cutlass_scaled_mm` from vLLM's op library (`ALIBI_VLLM_OPS`) with
   block scales, as `CutlassFp8BlockScaledMMKernel.apply_block_scaled_mm` calls it: `a` [M, K], `b = w.t()`,
@@ -210,13 +211,13 @@ class VllmTritonFp8BlockKernel(BlockScaledKernel):
             return dict(DEFAULT_CONFIG)
         return configs[min(configs, key=lambda x: abs(x - M))]
 
-    def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule | None:
+    def schedule_at(self, M: int, N: int, K: int) -> BlockSchedule:
         config = self.launch_config(M, N, K)
-        if int(config["BLOCK_SIZE_M"]) < WGMMA_MIN_BLOCK_M:
-            return None  # mma.sync: no step model for it (module docstring)
         bk = int(config["BLOCK_SIZE_K"])
-        return self.accumulation if bk == DEFAULT_BLOCK_SIZE_K else parse_block_schedule(
-            f"block{bk}:{TRITON_PROMOTION}")
+        mma_sync = int(config["BLOCK_SIZE_M"]) < WGMMA_MIN_BLOCK_M  # the f16 mma.sync step (module docstring)
+        if bk == DEFAULT_BLOCK_SIZE_K and not mma_sync:
+            return self.accumulation
+        return parse_block_schedule(f"block{bk}:{TRITON_PROMOTION}" + (":f16-mma" if mma_sync else ""))
 
     def scaled_mm(self, a_q: torch.Tensor, s_a: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -13,6 +13,7 @@ import math
 import random
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from alibi.exact import fp8_reference
 from alibi.exact.fp8_mma import (
     FAST_ACCUM,
     PROMOTE_128,
+    TRITON_F16_MMA,
     WGMMA_FP8,
     AccumulationSchedule,
     SplitK,
@@ -224,3 +226,50 @@ def test_powers_of_two_are_built_exactly_over_the_whole_exponent_range():
     e = torch.arange(-1022, 1024)
     got = _pow2(e)
     assert [math.frexp(x) for x in got.tolist()] == [(0.5, k + 1) for k in range(-1022, 1024)]
+
+
+# --- the f16 mma.sync step of a 16-row Triton fp8 dot (TRITON_F16_MMA) ---------------------------------------
+
+MMA16_RECORDED = Path(__file__).resolve().parents[2] / "analysis/results/h100/fp8-block/b1d8bb0/call-2/mma16.safetensors"
+CANCEL = {0: (256.0, 256.0), 1: (-256.0, 256.0)}  # 2^16 − 2^16 = 0 in the first instruction: 2^-18 there is cut
+
+
+@pytest.mark.parametrize("tiny_at, survives", [(2, True), (3, True), (4, False), (5, False), (6, True), (16, False),
+                                               (18, True), (31, True)])
+def test_of_each_32_products_the_first_f16_instruction_takes_the_even_pairs(tiny_at, survives):
+    """2^-18 beside 2^16 is below the 25-bit grid (2^-9) and cut when one instruction adds both; in the other
+    instruction it meets only C = 0 and is kept."""
+    got = dot({**CANCEL, tiny_at: (2.0**-9, 2.0**-9)}, model=TRITON_F16_MMA)
+    assert got == (2.0**-18 if survives else 0.0)
+    contiguous = dot({**CANCEL, tiny_at: (2.0**-9, 2.0**-9)}, model=replace(TRITON_F16_MMA, k_order="contiguous"))
+    assert contiguous == (2.0**-18 if tiny_at >= 16 else 0.0)
+
+
+def test_f16_operands_align_to_the_exponent_of_an_e4m3_subnormals_value():
+    """2^-9 is an e4m3 subnormal (field exponent −6) and an f16 normal (exponent −9): the product's exponent is −18,
+    not −12, so the grid is 2^-43 and C = 2^-40 is kept; read from the fields it would be cut on 2^-37."""
+    assert dot([(2.0**-9, 2.0**-9)], c=2.0**-40, model=TRITON_F16_MMA) == 2.0**-18 + 2.0**-40
+    assert dot([(2.0**-9, 2.0**-9)], c=2.0**-40, model=replace(TRITON_F16_MMA, f16_operands=False)) == 2.0**-18
+
+
+def test_the_f16_mma_step_reproduces_every_bit_of_the_chains_recorded_on_an_h100_and_the_contiguous_order_does_not():
+    """176 chains `C + a·b` through Triton's 16-row fp8 dot (`mma.sync.m16n8k16.f32.f16.f16.f32`), K 32 to 512,
+    recorded on an H100 80GB HBM3 (analysis/h200/fp8_block_measure.py, part mma16)."""
+    from safetensors import safe_open
+
+    differ = {"declared": 0, "contiguous": 0}
+    with safe_open(str(MMA16_RECORDED), "pt") as f:
+        assert f.metadata()["instructions"] == "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+        tags = sorted({k.rsplit("/", 1)[0] for k in f.keys()})
+        assert len(tags) == 176
+        for tag in tags:
+            a, b = (decode(f.get_tensor(f"{tag}/{x}").view(E4M3)) for x in ("a", "b"))
+            A = type(a)(a.value[:, None], a.exponent[:, None], a.zero[:, None])
+            B = type(b)(b.value[None], b.exponent[None], b.zero[None])
+            out = f.get_tensor(f"{tag}/out").view(torch.int32)
+            for name, model in (("declared", TRITON_F16_MMA),
+                                ("contiguous", replace(TRITON_F16_MMA, k_order="contiguous"))):
+                got = dot_steps(A, B, f.get_tensor(f"{tag}/c"), model)
+                differ[name] += int((got.view(torch.int32) != out).sum())
+    assert differ["declared"] == 0
+    assert differ["contiguous"] > 1000

@@ -18,6 +18,7 @@ from alibi.errors import InputError, KernelUnavailable
 from alibi.exact.emulator import apply_epilogue
 from alibi.exact.fp8_block import DEEPSEEK_V3
 from alibi.exact.fp8_block_mma import accumulate_blocks, parse_block_schedule
+from alibi.exact.fp8_mma import TRITON_F16_MMA
 from alibi.exact.numerics import bits
 from alibi.kernels import vllm_block
 from alibi.kernels.block_scaled import blockwise_scale_views, pad_block_operands
@@ -153,8 +154,8 @@ def test_vllms_triton_block_gemm_scales_each_group_and_weight_block_where_the_fo
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_a_tuned_config_sets_the_declared_promotion_interval_and_a_16_row_block_declares_none(fp8_utils, tmp_path,
-                                                                                              monkeypatch):
+def test_a_tuned_config_sets_the_declared_promotion_interval_and_a_16_row_block_the_f16_mma_step(fp8_utils, tmp_path,
+                                                                                                 monkeypatch):
     copy = tmp_path / "fp8_utils.py"
     copy.write_bytes(fp8_utils.read_bytes())
     (tmp_path / "configs").mkdir()
@@ -168,7 +169,8 @@ def test_a_tuned_config_sets_the_declared_promotion_interval_and_a_16_row_block_
     assert kernel.schedule_at(2, 512, 1024).label == "block64:fma(p*sa,sw,acc)"
     assert kernel.schedule_at(60, 512, 1024).label == "block128:fma(p*sa,sw,acc)"
     assert kernel.schedule_at(2, 576, 1024) == kernel.accumulation  # no config for this N: the default
-    assert kernel.schedule_at(250, 512, 1024) is None  # BLOCK_SIZE_M = 16: mma.sync, no step model declared
+    sixteen = kernel.schedule_at(250, 512, 1024)  # BLOCK_SIZE_M = 16: an f16 mma.sync
+    assert sixteen.label == "block64:fma(p*sa,sw,acc):f16-mma" and sixteen.step == TRITON_F16_MMA
 
 
 def test_cublaslt_declares_its_schedule_at_the_padded_shape_and_a_split_only_where_k_needs_no_padding(monkeypatch):
