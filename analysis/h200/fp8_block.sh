@@ -6,8 +6,11 @@
 #   matrix    alibi matrix over the available block kernels but FBGEMM's (MATRIX_KERNELS) and the block emulators:
 #             SmolLM2 at M = 1 and M = 16
 #   mutants   alibi mutants --base vllm-cutlass-fp8-block (the block faults) on SmolLM2 at M = 64
-#   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py (each available block kernel equals the emulator
-#             under its declared schedule on random tiles, bit for bit)
+#   mma16     alibi identify vllm-triton-fp8-block where vLLM's H100 configs give BLOCK_SIZE_M < 64 (f16 mma.sync)
+#   record    analysis/h200/block_record.py: cuBLASLt's and vLLM Triton's outputs on random tiles, for
+#             analysis/fit_block_schedule.py on the CPU
+#   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
+#             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
 # Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
 #   the op library, triton_scaled_mm.py, fp8_utils.py, fp8_block_configs.tar.xz; about 56 MB in all). Nothing is built.
 # Usage: BLOCK_PARTS="measure matrix mutants gputests" bash analysis/h200/fp8_block.sh   (results: $OUT/fp8_block.tgz,
@@ -83,9 +86,25 @@ if want mutants; then
     --rows 64 --severity one,all --scales real --out "$R/mutants-block" > "$R/mutants-block.txt" 2>&1
   stamp "mutants block: rc $?"; tail -n 20 "$R/mutants-block.txt" >> "$OUT/summary.txt"
 fi
+if want mma16; then
+  # vLLM's Triton block kernel where its H100 configs give BLOCK_SIZE_M = 16 (32 at N = 36864): the f16 mma.sync step
+  timeout $(( $(left) - 90 )) python -m alibi identify vllm-triton-fp8-block --shape 1x576x7168 --shape 16x7168x2048 \
+    --shape 128x576x7168 --shape 64x4096x7168 --shape 32x36864x7168 > "$R/identify-mma16.txt" 2>&1
+  stamp "identify vllm-triton-fp8-block at BLOCK_SIZE_M < 64: rc $?"; tail -n 12 "$R/identify-mma16.txt" >> "$OUT/summary.txt"
+fi
+if want record; then
+  # outputs for analysis/fit_block_schedule.py: cuBLASLt where no modelled schedule fits (and two declared controls)
+  CUBLASLT_RECORD=${CUBLASLT_RECORD:-1x256x7168,4x256x7168,16x256x7168,32x256x7168,64x256x7168,128x256x7168,8x576x7168,16x576x7168,1x2048x7168,4x2048x7168,32x576x7168,64x2048x7168}
+  timeout $(( $(left) - 60 )) python analysis/h200/block_record.py "$R/record-cublaslt.safetensors" \
+    --kernel cublaslt-fp8-block --shapes "$CUBLASLT_RECORD" --seeds 4 > "$R/record-cublaslt.txt" 2>&1
+  stamp "record cublaslt: rc $?"; tail -n 1 "$R/record-cublaslt.txt" | cut -c1-400 >> "$OUT/summary.txt"
+  timeout $(( $(left) - 45 )) python analysis/h200/block_record.py "$R/record-vllm-triton.safetensors" \
+    --kernel vllm-triton-fp8-block --shapes 1x576x7168,16x7168x2048 --seeds 2 > "$R/record-vllm-triton.txt" 2>&1
+  stamp "record vllm-triton: rc $?"; tail -n 1 "$R/record-vllm-triton.txt" | cut -c1-400 >> "$OUT/summary.txt"
+fi
 if want gputests; then
   timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_fp8_block_kernels.py \
-    > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
+    tests/exact/test_fp8_mma.py tests/exact/test_fp8_block_mma.py > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
   tail -n 8 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
 fi
 tar -C "$OUT" -czf "$OUT/fp8_block.tgz" fp8_block && rm -rf "$R"
