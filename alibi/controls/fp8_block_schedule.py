@@ -13,9 +13,10 @@ K. Two tiles read them:
   weights, quantised as the checkpoints are, `alibi.exact.fp8_block`), run twice (the second run tells a
   run-to-run difference, which only a nondeterministic reduction explains), and compared bit for bit with the
   emulator under the declared schedule, every promotion of `candidate_block_schedules` at 128 k on the declared
-  schedule's tensor-core step (`wgmma`'s where none is declared), and, where none of those matches, the same
-  promotions with the blocks in reverse or K split in 2 or 4 parts (`SPLITS`), and every promotion on the other
-  steps of `STEP_PARTS` (the f16 `mma.sync` of a 16-row Triton dot).
+  schedule's tensor-core step (`wgmma`'s where none is declared) and the same promotions with the blocks in reverse
+  or K split in 2 or 4 parts (`SPLITS`): all of them, since on a bf16 tile a plain promotion can reproduce a split
+  kernel's output by chance (cuBLASLt's split-2 shapes were first misread so). Where none matches, every promotion
+  on the other steps of `STEP_PARTS` (the f16 `mma.sync` of a 16-row Triton dot) too.
 
 A declared schedule matches at a shape when its emulation equals the kernel's output on every element of the random
 tile and, where the probe applies, on every element of the probe. A kernel that declares none (`cublaslt-fp8-block`
@@ -205,9 +206,11 @@ def identify_block_schedule(kernel: Kernel, shapes: list[tuple[int, int, int]], 
         for cand in candidate_block_schedules(128, step):
             if cand.label not in checked:
                 checked[cand.label] = _checked(cand, tile, out, kernel, dev)
+        # every variant, always: on a bf16 tile a plain promotion can match by chance where the kernel splits K
+        for cand in [c for p in PROMOTIONS for c in _variants(p, step)]:
+            checked.setdefault(cand.label, _checked(cand, tile, out, kernel, dev))
         if not any(c.matches for c in checked.values()):
-            others = [c for m in STEP_PARTS.values() if m != step for c in candidate_block_schedules(128, m)]
-            for cand in [c for p in PROMOTIONS for c in _variants(p, step)] + others:
+            for cand in [c for m in STEP_PARTS.values() if m != step for c in candidate_block_schedules(128, m)]:
                 checked[cand.label] = _checked(cand, tile, out, kernel, dev)
         results.append(BlockShapeIdentification(M, N, K, None if declared is None else declared.label, declared_ok,
                                                  identical, tuple(checked.values())))

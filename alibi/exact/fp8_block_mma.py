@@ -265,18 +265,48 @@ def _scheduled(schedule: BlockSchedule, a: Fp8Operand, w: Fp8Operand, K: int, Kp
                 s = triton_divide(s, n_a * n_w)  # Triton's fp32 `/`, as the kernel divides (module docstring)
             chain = chain * s
         return chain
-    span = schedule.chain_k
-    ranges = [(k0, min(k0 + span, K)) for k0 in range(0, K, span)]
+    partials = {(k0, k1): _chain(a, w, k0, Kp if k1 == K else k1, zero, schedule.step)
+                for k0, k1 in chain_ranges(schedule.chain_k, K)}
+    return promote_chains(schedule, partials, K, sa, sw, bk)
+
+
+def chain_partials(a_q: torch.Tensor, w_q: torch.Tensor, chain_k: int = 128,
+                   step_model: StepModel = WGMMA_FP8) -> dict[tuple[int, int], torch.Tensor]:
+    """Each fresh chain's fp32 partial [M, N] of e4m3 `a_q` [M, K] and `w_q` [N, K], keyed by its k range
+    (`chain_ranges`): what `promote_chains` combines, for fitting a schedule to recorded outputs without
+    recomputing the chains per candidate."""
+    (M, K), dev = a_q.shape, a_q.device
+    pad = -K % step_model.period
+    if pad:
+        a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
+    a, w = (as_instruction_sees(decode(x.to(dev)), step_model) for x in (a_q, w_q))
+    ar = Fp8Operand(a.value[:, None, :], a.exponent[:, None, :], a.zero[:, None, :])
+    wr = Fp8Operand(w.value[None], w.exponent[None], w.zero[None])
+    zero = torch.zeros((M, w_q.shape[0]), dtype=torch.float32, device=dev)
+    return {(k0, k1): _chain(ar, wr, k0, K + pad if k1 == K else k1, zero, step_model)
+            for k0, k1 in chain_ranges(chain_k, K)}
+
+
+def chain_ranges(chain_k: int, K: int) -> list[tuple[int, int]]:
+    """The k range of each fresh chain: every `chain_k` products from 0, the last one ragged."""
+    return [(k0, min(k0 + chain_k, K)) for k0 in range(0, K, chain_k)]
+
+
+def promote_chains(schedule: BlockSchedule, partials: dict[tuple[int, int], torch.Tensor], K: int, sa: torch.Tensor,
+                   sw: torch.Tensor, bk: int) -> torch.Tensor:
+    """The scaled accumulator [m, N] from each chain's fp32 partial (`partials`, keyed by `chain_ranges`): the
+    chains promoted in the schedule's order, into one accumulator per split part, the parts added in fp32 in the
+    declared order. `sa` [m, G], `sw` [N, G]; promotions only (not `rescale`)."""
+    zero = torch.zeros((sa.shape[0], sw.shape[0]), dtype=torch.float32, device=sa.device)
     parts = schedule.split.ranges(K) if schedule.split else [(0, K)]
     total = zero
     reduction = schedule.split.reduction if schedule.split else "ascending"
     for p0, p1 in (parts[::-1] if reduction == "descending" else parts):
         acc = zero
-        chains = [(k0, k1) for k0, k1 in ranges if p0 <= k0 < p1]
+        chains = [(k0, k1) for k0, k1 in partials if p0 <= k0 < p1]
         for k0, k1 in (chains[::-1] if schedule.order == "descending" else chains):
-            p = _chain(a, w, k0, Kp if k1 == K else k1, zero, schedule.step)
-            s_a, s_w = scales((k1 - 1) // bk)
-            acc = promote(schedule.promotion, acc, p, s_a, s_w)
+            acc = promote(schedule.promotion, acc, partials[(k0, k1)], sa[:, (k1 - 1) // bk, None],
+                          sw[:, (k1 - 1) // bk].reshape(1, -1))
         total = acc if schedule.split is None else total + acc
     return total
 
@@ -289,4 +319,5 @@ FBGEMM_FAST = parse_block_schedule("block256:rescale")
 
 __all__ = ["BLOCK_SCHEDULE_SYNTAX", "BlockSchedule", "DEEPGEMM", "FBGEMM_FAST", "PROMOTIONS", "RESCALE", "STEP_PARTS",
            "TRITON_VLLM", "TRITON_VLLM_UNFUSED", "accumulate_blocks", "block_schedule_differences",
-           "candidate_block_schedules", "check_block_operands", "parse_block_schedule", "promote", "step_part"]
+           "candidate_block_schedules", "chain_partials", "chain_ranges", "check_block_operands", "parse_block_schedule", "promote",
+           "promote_chains", "step_part"]

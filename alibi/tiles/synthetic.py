@@ -31,6 +31,12 @@ SMOLLM2_135M_BLOCK = (("q_proj", 576, 576), ("k_proj", 576, 192), ("v_proj", 576
 QWEN3_1_7B_BLOCK = (("q_proj", 2048, 2048), ("k_proj", 2048, 1024), ("v_proj", 2048, 1024),
                     ("o_proj", 2048, 2048), ("gate_proj", 2048, 6144), ("up_proj", 2048, 6144),
                     ("down_proj", 6144, 2048))
+DEEPSEEK_V3_BLOCK = (("q_a_proj", 7168, 1536), ("q_b_proj", 1536, 24576), ("kv_a_proj_with_mqa", 7168, 576),
+                     ("kv_b_proj", 512, 32768), ("o_proj", 16384, 7168), ("dense.gate_up_proj", 7168, 36864),
+                     ("dense.down_proj", 18432, 7168), ("expert.gate_up_proj", 7168, 4096),
+                     ("expert.down_proj", 2048, 7168))
+"""DeepSeek-V3's block-scaled linear shapes (K, N) as vLLM runs them with one GPU per model: the attention's five,
+a dense layer's MLP (gate and up fused) and one routed expert's."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("qwen3-1.7b-fp8-block", "Qwen3-1.7B", QWEN3_1_7B_BLOCK, 1, 512, fmt="fp8_e4m3", fp8_scales="block",
            description="one decoder block of Qwen3-1.7B (7 tiles) at M=512, block-scaled e4m3 as Qwen3-FP8 ships "
                        "(GPU-sized)"),
+    Preset("deepseek-v3-fp8-block", "DeepSeek-V3", DEEPSEEK_V3_BLOCK, 1, 16, fmt="fp8_e4m3", fp8_scales="block",
+           description="DeepSeek-V3's nine block-scaled linear shapes (attention, a dense MLP, an expert; K up to "
+                       "18432) at M = 16, e4m3 in 1x128 groups and 128x128 blocks (GPU-sized)"),
+    Preset("deepseek-v3-fp8-block-decode", "DeepSeek-V3", DEEPSEEK_V3_BLOCK, 1, 1, fmt="fp8_e4m3",
+           fp8_scales="block", description="as deepseek-v3-fp8-block at M = 1 (one decode token; GPU-sized)"),
     Preset("tiny-fp8-block", "test", (("proj", 384, 48), ("ragged", 200, 136)), 1, 4, fmt="fp8_e4m3",
            fp8_scales="block", description="two small block-scaled e4m3 tiles for tests (the second with a ragged "
                                            "K = 200 and N = 136)"),
