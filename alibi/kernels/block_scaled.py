@@ -34,13 +34,14 @@ split-K), cuBLASLt 130100 with torch 2.11.0+cu130:
   FMA with the product of the two scales, CUTLASS's and DeepGEMM's association), no split: every element of the
   association probe and of a random tile at each of 13 shapes on an H100 (M 1…256, N 192…7168) and of three
   recorded tiles on an H200 (`tests/fixtures/fp8-block-recorded/`);
-- beyond, cuBLASLt's heuristic changes kernel with the shape: on the H100 at K = 7168 it ran the same promotion
-  without a split at some shapes, split K in two at others (`:split-2`, deterministic: two runs identical), and
-  at M ≤ 8, and at N = 256 for M up to 128, a kernel that no candidate reproduces on every seed (each seed's
-  bits matched by another candidate, or by none: its schedule lies outside the modelled family).
-  `IDENTIFIED_LONG_K` declares the shapes where one candidate reproduced every element of random tiles of four
-  seeds, alone on at least two of them; every other long-K shape declares none, so its pairs are not judged,
-  saying why.
+- beyond, cuBLASLt's heuristic changes kernel with the shape: on the H100 it runs the same promotion without a
+  split at some shapes and splits K in two at others (`:split-2`, the two halves' accumulators added in fp32;
+  deterministic: two runs identical), e.g. at K = 7168 split at M ≤ 16 for N up to 4096 but not at M = 64 for
+  N ≥ 2048, nor at N = 36864; at N = 7168 with K = 16384 and 18432 split up to M = 16. `IDENTIFIED_LONG_K` declares the shapes whose recorded fp32 outputs one
+  candidate alone reproduces bit for bit; every other long-K shape declares none, so its pairs are not judged,
+  saying why. (A reading of bf16 outputs alone misled here: a plain promotion reproduces a split kernel's bf16
+  output by chance on many tiles, and an earlier identify, which tried splits only where nothing else matched,
+  declared and then withdrew a no-split schedule at 128 × 256 × 7168.)
 """
 
 from __future__ import annotations
@@ -176,20 +177,22 @@ def blockwise_scale_views(s_a: torch.Tensor, s_w: torch.Tensor) -> tuple[torch.T
 
 
 SHORT_K = 2048  # padded K up to which cuBLASLt ran block128:fma(sa*sw,p,acc) at every shape read (module docstring)
-# Longer K: what `alibi identify`'s block reading gave per shape on an H100 (cuBLASLt 130100) over random tiles of
-# seeds 0-3 (analysis/h200/cublaslt_long_k.py; analysis/results/h100/fp8-block/long-k/), keyed by the GPU and the
-# shape cuBLASLt saw (M, N, K padded), where one candidate reproduced every element of every seed and was the only
-# one to do so on at least two seeds. A reading of one seed is not enough: at 128 × 256 × 7168 one seed pointed at
-# block128:fma(sa*sw,p,acc) (b1d8bb0) and the three others at three other schedules. Shapes with no such candidate
-# (padded M = 4 or 8 at N = 256, 576 and 2048; N = 256 up to M = 128; 16 × 576) and shapes not read are not
-# declared: their pairs are not judged, saying so. (M is padded to 4, so M = 1 runs as M = 4.)
+# Longer K: the schedule that alone reproduces every fp32 output bit of random tiles of two or four seeds per shape,
+# among 180 candidates (six promotions, either block order, K unsplit or split in 2 to 8 parts reduced either way),
+# fitted to cuBLASLt 130100's recorded outputs on an H100 (analysis/h200/block_record.py, analysis/
+# fit_block_schedule.py; analysis/results/h100/fp8-block/d7205d1 and deepseek-fit/), keyed by the GPU and the shape
+# cuBLASLt saw (M, N, K padded). Its bf16 output was the fp32 output rounded at every recorded shape, so the fitted
+# schedule is the bf16 one too. Shapes not recorded declare none.
+_H100 = "NVIDIA H100 80GB HBM3"
 IDENTIFIED_LONG_K = {
-    **{("NVIDIA H100 80GB HBM3", M, N, K): "block128:fma(sa*sw,p,acc):split-2"
-       for M, N, K in ((16, 2048, 7168), (32, 2048, 7168), (32, 640, 7168), (64, 640, 7168), (128, 640, 7168))},
-    **{("NVIDIA H100 80GB HBM3", M, N, K): "block128:fma(sa*sw,p,acc)"
-       for M, N, K in ((64, 2048, 7168), (128, 2048, 7168), (256, 640, 7168), (4, 7168, 7168), (16, 7168, 7168),
-                       (32, 7168, 7168), (64, 7168, 7168), (128, 7168, 7168), (16, 4096, 4096), (64, 4096, 4096),
-                       (256, 4096, 4096))},
+    **{(_H100, M, N, K): "block128:fma(sa*sw,p,acc):split-2" for M, N, K in (
+        (4, 256, 7168), (16, 256, 7168), (32, 256, 7168), (64, 256, 7168), (128, 256, 7168),
+        (4, 640, 7168), (8, 640, 7168), (16, 640, 7168), (32, 640, 7168), (64, 640, 7168),
+        (4, 1536, 7168), (16, 1536, 7168), (64, 1536, 7168), (4, 2048, 7168), (4, 4096, 7168), (16, 4096, 7168),
+        (4, 7168, 16384), (16, 7168, 16384), (4, 7168, 18432), (16, 7168, 18432))},
+    **{(_H100, M, N, K): "block128:fma(sa*sw,p,acc)" for M, N, K in (
+        (64, 2048, 7168), (64, 4096, 7168), (4, 36864, 7168), (16, 36864, 7168), (64, 36864, 7168),
+        (64, 7168, 16384), (64, 7168, 18432))},
 }
 
 

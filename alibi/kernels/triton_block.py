@@ -14,10 +14,11 @@
   `block128:rescale`. That end-of-block test (`(pid_k + 1) % k_multiple == 0 or k_remaining < BLOCK_K * SPLIT_K`)
   misses the end of a ragged last block whose K is a multiple of BLOCK_K, which would leave the last block unscaled;
   alibi pads K with zero bytes to a multiple of 128 (exact: alibi.kernels.block_scaled), so the kernel always sees
-  whole blocks. Output bf16 only. FBGEMM autotunes over its `MATMUL_CONFIGS`, some of which split K with
-  `tl.atomic_add` into the output (nondeterministic order); alibi offers the autotuner one configuration of that
+  whole blocks. Output bf16 only. The kernel can split K with `tl.atomic_add` into the output (nondeterministic
+  order), but FBGEMM 1.6.0's `MATMUL_CONFIGS` hold no configuration with SPLIT_K > 1 (the split-K list of
+  `get_configs_io_bound` is disabled, fp8_gemm.py:131); alibi offers the autotuner one configuration of that
   list, `CONFIG` (SPLIT_K = 1, and BLOCK_M < 256, BLOCK_N < 128, BLOCK_K < 128 as the kernel's asserts ask), and
-  records it in `last_run`, so the reduction here is deterministic at every shape.
+  records it in `last_run`, so the configuration, not only the reduction, is fixed at every shape.
 * `torchao-fp8-block` — `torchao.kernel.blockwise_quantization.blockwise_fp8_gemm` (torchao 0.18.0; DeepSeek-V3's
   inference kernel, what `torchao.prototype.blockwise_fp8_inference.BlockwiseQuantLinear` calls): `a_s [M, K/128]`
   row-major, `b_s [N/128, K/128]`, and `accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]` per 128 k

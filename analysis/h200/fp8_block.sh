@@ -9,6 +9,8 @@
 #   mma16     alibi identify vllm-triton-fp8-block where vLLM's H100 configs give BLOCK_SIZE_M < 64 (f16 mma.sync)
 #   record    analysis/h200/block_record.py: cuBLASLt's and vLLM Triton's outputs on random tiles, for
 #             analysis/fit_block_schedule.py on the CPU
+#   deepseek  alibi matrix at DeepSeek-V3's block-scaled layers (deepseek-v3-fp8-block, -decode): the long-K matrix
+#   refit     cuBLASLt's outputs at the long-K shapes first read in bf16, recorded and fitted to fp32 on the GPU
 #   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
 #             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
 # Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
@@ -101,6 +103,28 @@ if want record; then
   timeout $(( $(left) - 45 )) python analysis/h200/block_record.py "$R/record-vllm-triton.safetensors" \
     --kernel vllm-triton-fp8-block --shapes 1x576x7168,16x7168x2048 --seeds 2 > "$R/record-vllm-triton.txt" 2>&1
   stamp "record vllm-triton: rc $?"; tail -n 1 "$R/record-vllm-triton.txt" | cut -c1-400 >> "$OUT/summary.txt"
+fi
+if want deepseek; then
+  # the block matrix at DeepSeek-V3's nine layers (K up to 18432): M = 16 and a decode row, with this project's
+  # emulators of the four schedules the kernels declare there
+  E="emulator-fp8-block:block128:fma(sa*sw,p,acc):add_after_cast,emulator-fp8-block:block128:fma(sa*sw,p,acc):split-2:add_after_cast"
+  E="$E,emulator-fp8-block:block128:fma(p*sa,sw,acc):add_after_cast,emulator-fp8-block:block128:fma(p*sa,sw,acc):f16-mma:add_after_cast"
+  K4=cublaslt-fp8-block,vllm-triton-fp8-block,vllm-cutlass-fp8-block,torchao-fp8-block
+  timeout $(( $(left) - 150 )) python -m alibi matrix --available-only --kernels "$K4,$E" --synthetic deepseek-v3-fp8-block \
+    --scales real --out "$R/matrix-deepseek-m16" --quiet > "$R/matrix-deepseek-m16.txt" 2>&1
+  stamp "matrix DeepSeek-V3 M=16: rc $?"; head -n 30 "$R/matrix-deepseek-m16.txt" >> "$OUT/summary.txt"
+  timeout $(( $(left) - 60 )) python -m alibi matrix --available-only --kernels "$K4,fbgemm-fp8-block,$E" \
+    --synthetic deepseek-v3-fp8-block-decode --scales real --out "$R/matrix-deepseek-m1" --quiet > "$R/matrix-deepseek-m1.txt" 2>&1
+  stamp "matrix DeepSeek-V3 M=1: rc $?"; head -n 30 "$R/matrix-deepseek-m1.txt" >> "$OUT/summary.txt"
+fi
+if want refit; then
+  # cuBLASLt's long-K shapes first read from bf16 outputs alone, recorded again and fitted to fp32 (on the GPU)
+  REFIT=${REFIT:-4x7168x7168,16x7168x7168,32x7168x7168,64x7168x7168,128x7168x7168,16x2048x7168,32x2048x7168,128x2048x7168,128x576x7168,256x576x7168,1x4096x4096,16x4096x4096,64x4096x4096,256x4096x4096}
+  timeout $(( $(left) - 60 )) python analysis/h200/block_record.py /tmp/refit.safetensors --kernel cublaslt-fp8-block \
+    --shapes "$REFIT" --seeds 2 > "$R/refit-record.txt" 2>&1 && \
+  timeout $(( $(left) - 30 )) python analysis/fit_block_schedule.py /tmp/refit.safetensors --device cuda \
+    --out "$R/fit-refit.json" > "$R/fit-refit.txt" 2>&1
+  stamp "refit: rc $?"; cut -c1-200 "$R/fit-refit.txt" >> "$OUT/summary.txt"
 fi
 if want gputests; then
   timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_fp8_block_kernels.py \

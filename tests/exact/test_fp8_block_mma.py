@@ -8,6 +8,7 @@ import math
 import struct
 from fractions import Fraction
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ from alibi.exact.fp8_block_mma import (
     parse_block_schedule,
 )
 from alibi.tiles.block_probe import association_probe_tile
+
+RESULTS = Path(__file__).resolve().parents[2] / "analysis" / "results" / "h100" / "fp8-block"
 
 E4M3 = torch.float8_e4m3fn
 
@@ -193,3 +196,27 @@ def test_differences_name_association_contraction_interval_and_split_order():
 def test_a_nondeterministic_schedule_is_not_computed():
     with pytest.raises(InputError, match="nondeterministic"):
         accumulate_blocks(parse_block_schedule("block128:fma(sa*sw,p,acc):stream-k"), *TIE, DEEPSEEK_V3)
+
+
+def test_the_f16_mma_schedule_reproduces_vllms_16_row_triton_block_kernel_recorded_on_an_h100():
+    """vLLM 0.26.0's `w8a8_triton_block_scaled_mm` at 1 × 576 × 7168, where its tuned H100 config gives
+    BLOCK_SIZE_M = 16 (an f16 mma.sync), recorded in fp32 and bf16 on an H100: its declared schedule reproduces
+    every bit; the same promotion on the `wgmma` step misses every fp32 output."""
+    from safetensors import safe_open
+
+    from alibi.controls.fp8_block_schedule import random_block_tile
+
+    record = RESULTS / "d7205d1" / "record-vllm-triton.safetensors"
+    declared, wgmma = (parse_block_schedule(t) for t in ("block128:fma(p*sa,sw,acc):f16-mma",
+                                                         "block128:fma(p*sa,sw,acc)"))
+    with safe_open(str(record), "pt") as f:
+        assert f.metadata()["kernel"] == "vllm-triton-fp8-block"
+        for seed in (0, 1):
+            tile = random_block_tile(1, 576, 7168, seed)
+            fp32 = f.get_tensor(f"1x576x7168/{seed}/fp32")
+            acc = accumulate_blocks(declared, tile.a_q, tile.s_a, tile.w_q, tile.s_w, DEEPSEEK_V3)
+            assert torch.equal(acc.view(torch.int32), fp32.view(torch.int32))
+            assert torch.equal(acc.to(torch.bfloat16).view(torch.int16),
+                               f.get_tensor(f"1x576x7168/{seed}/bf16").view(torch.int16))
+            other = accumulate_blocks(wgmma, tile.a_q, tile.s_a, tile.w_q, tile.s_w, DEEPSEEK_V3)
+            assert bool((other.view(torch.int32) != fp32.view(torch.int32)).all())

@@ -181,8 +181,8 @@ def test_cublaslt_declares_its_schedule_at_the_padded_shape_and_a_split_only_whe
     assert kernel.schedule_at(1, 576, 2049) is None  # padded to 2560, identified on no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    assert kernel.schedule_at(13, 1921, 7168).label == "block128:fma(sa*sw,p,acc):split-2"  # seen as 16 × 2048
-    assert kernel.schedule_at(16, 2048, 7000) is None  # padded to 7168: a split of padding is not the tile's split
+    assert kernel.schedule_at(13, 3969, 7168).label == "block128:fma(sa*sw,p,acc):split-2"  # seen as 16 × 4096
+    assert kernel.schedule_at(16, 4096, 7000) is None  # padded to 7168: a split of padding is not the tile's split
     assert ("NVIDIA H100 80GB HBM3", 64, 2048, 7168) in block_scaled.IDENTIFIED_LONG_K
     assert kernel.schedule_at(61, 2048, 7168) == kernel.accumulation
 
