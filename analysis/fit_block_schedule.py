@@ -49,6 +49,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--parts", default="2..8", help="split counts tried, lo..hi")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shapes", help="MxNxK,...: fit these recorded shapes, in this order (default: all)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     args = ap.parse_args()
     lo, hi = (int(x) for x in args.parts.split(".."))
@@ -62,8 +63,13 @@ def main() -> int:
     by_shape: dict[str, list[str]] = defaultdict(list)
     for key in keys:
         by_shape[key.split("/")[0]].append(key)
+    order = args.shapes.split(",") if args.shapes else list(by_shape)
+    missing = [s for s in order if s not in by_shape]
+    if missing:
+        raise SystemExit(f"fit_block_schedule.py: --shapes {','.join(missing)} not in {args.record}")
     report = []
-    for shape, seeds in by_shape.items():
+    for shape in order:
+        seeds = by_shape[shape]
         M, N, K = (int(x) for x in shape.split("x"))
         differing = {c.label: 0 for c in cands}
         for key in seeds:
@@ -85,9 +91,9 @@ def main() -> int:
                        "elements": len(seeds) * M * N, "fits": fits, "nearest": ranked[:8]})
         print(f"{shape} (padded {p.a_q.shape[0]}x{p.w_q.shape[0]}x{Kp}), {len(seeds)} seeds: "
               f"{fits if fits else 'none; nearest ' + str(ranked[:4])}", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({"record": str(args.record), "metadata": meta, "dtype": args.dtype,
-                                        "candidates": len(cands), "shapes": report}, indent=1))
+        if args.out:  # after every shape: a run cut short keeps what it fitted
+            args.out.write_text(json.dumps({"record": str(args.record), "metadata": meta, "dtype": args.dtype,
+                                            "candidates": len(cands), "shapes": report}, indent=1))
     return 0 if all(r["fits"] for r in report) else 1
 
 

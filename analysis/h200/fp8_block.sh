@@ -123,7 +123,7 @@ if want refit; then
   timeout $(( $(left) - 60 )) python analysis/h200/block_record.py /tmp/refit.safetensors --kernel cublaslt-fp8-block \
     --shapes "$REFIT" --seeds 2 > "$R/refit-record.txt" 2>&1 && \
   timeout $(( $(left) - 30 )) python analysis/fit_block_schedule.py /tmp/refit.safetensors --device cuda \
-    --out "$R/fit-refit.json" > "$R/fit-refit.txt" 2>&1
+    --out "$R/fit-refit.json" ${REFIT_ORDER:+--shapes "$REFIT_ORDER"} > "$R/fit-refit.txt" 2>&1
   stamp "refit: rc $?"; cut -c1-200 "$R/fit-refit.txt" >> "$OUT/summary.txt"
 fi
 if want gputests; then
