@@ -319,5 +319,5 @@ FBGEMM_FAST = parse_block_schedule("block256:rescale")
 
 __all__ = ["BLOCK_SCHEDULE_SYNTAX", "BlockSchedule", "DEEPGEMM", "FBGEMM_FAST", "PROMOTIONS", "RESCALE", "STEP_PARTS",
            "TRITON_VLLM", "TRITON_VLLM_UNFUSED", "accumulate_blocks", "block_schedule_differences",
-           "candidate_block_schedules", "chain_partials", "chain_ranges", "check_block_operands", "parse_block_schedule", "promote",
-           "promote_chains", "step_part"]
+           "candidate_block_schedules", "chain_partials", "chain_ranges", "check_block_operands",
+           "parse_block_schedule", "promote", "promote_chains", "step_part"]

@@ -37,11 +37,12 @@ split-K), cuBLASLt 130100 with torch 2.11.0+cu130:
 - beyond, cuBLASLt's heuristic changes kernel with the shape: on the H100 it runs the same promotion without a
   split at some shapes and splits K in two at others (`:split-2`, the two halves' accumulators added in fp32;
   deterministic: two runs identical), e.g. at K = 7168 split at M ≤ 16 for N up to 4096 but not at M = 64 for
-  N ≥ 2048, nor at N = 36864; at N = 7168 with K = 16384 and 18432 split up to M = 16. `IDENTIFIED_LONG_K` declares the shapes whose recorded fp32 outputs one
-  candidate alone reproduces bit for bit; every other long-K shape declares none, so its pairs are not judged,
-  saying why. (A reading of bf16 outputs alone misled here: a plain promotion reproduces a split kernel's bf16
-  output by chance on many tiles, and an earlier identify, which tried splits only where nothing else matched,
-  declared and then withdrew a no-split schedule at 128 × 256 × 7168.)
+  N ≥ 2048, nor at N = 7168 or 36864; at N = 7168 with K = 16384 and 18432 split up to M = 16.
+  `IDENTIFIED_LONG_K` declares the shapes whose recorded fp32 outputs one candidate alone reproduces bit for bit;
+  every other long-K shape declares none, so its pairs are not judged, saying why. (A reading of bf16 outputs
+  alone misled here: a plain promotion reproduces a split kernel's bf16 output by chance on many tiles, and an
+  earlier identify, which tried splits only where nothing else matched, declared and then withdrew a no-split
+  schedule at 128 × 256 × 7168.)
 """
 
 from __future__ import annotations
@@ -180,19 +181,22 @@ SHORT_K = 2048  # padded K up to which cuBLASLt ran block128:fma(sa*sw,p,acc) at
 # Longer K: the schedule that alone reproduces every fp32 output bit of random tiles of two or four seeds per shape,
 # among 180 candidates (six promotions, either block order, K unsplit or split in 2 to 8 parts reduced either way),
 # fitted to cuBLASLt 130100's recorded outputs on an H100 (analysis/h200/block_record.py, analysis/
-# fit_block_schedule.py; analysis/results/h100/fp8-block/d7205d1 and deepseek-fit/), keyed by the GPU and the shape
-# cuBLASLt saw (M, N, K padded). Its bf16 output was the fp32 output rounded at every recorded shape, so the fitted
-# schedule is the bf16 one too. Shapes not recorded declare none.
+# fit_block_schedule.py; analysis/results/h100/fp8-block/: long-k-fit, deepseek-fit, 46d0a19), keyed by the GPU
+# and the shape cuBLASLt saw (M, N, K padded). Its bf16 output was the fp32 output rounded at every recorded
+# shape, so the fitted schedule is the bf16 one too. Shapes not recorded declare none.
 _H100 = "NVIDIA H100 80GB HBM3"
 IDENTIFIED_LONG_K = {
     **{(_H100, M, N, K): "block128:fma(sa*sw,p,acc):split-2" for M, N, K in (
         (4, 256, 7168), (16, 256, 7168), (32, 256, 7168), (64, 256, 7168), (128, 256, 7168),
         (4, 640, 7168), (8, 640, 7168), (16, 640, 7168), (32, 640, 7168), (64, 640, 7168),
-        (4, 1536, 7168), (16, 1536, 7168), (64, 1536, 7168), (4, 2048, 7168), (4, 4096, 7168), (16, 4096, 7168),
-        (4, 7168, 16384), (16, 7168, 16384), (4, 7168, 18432), (16, 7168, 18432))},
+        (128, 640, 7168), (4, 1536, 7168), (16, 1536, 7168), (64, 1536, 7168), (4, 2048, 7168), (16, 2048, 7168),
+        (32, 2048, 7168), (4, 4096, 7168), (16, 4096, 7168), (4, 7168, 16384), (16, 7168, 16384),
+        (4, 7168, 18432), (16, 7168, 18432))},
     **{(_H100, M, N, K): "block128:fma(sa*sw,p,acc)" for M, N, K in (
-        (64, 2048, 7168), (64, 4096, 7168), (4, 36864, 7168), (16, 36864, 7168), (64, 36864, 7168),
-        (64, 7168, 16384), (64, 7168, 18432))},
+        (256, 640, 7168), (64, 2048, 7168), (128, 2048, 7168), (64, 4096, 7168), (4, 7168, 7168), (16, 7168, 7168),
+        (32, 7168, 7168), (64, 7168, 7168), (128, 7168, 7168), (4, 36864, 7168), (16, 36864, 7168),
+        (64, 36864, 7168), (64, 7168, 16384), (64, 7168, 18432), (4, 4096, 4096), (16, 4096, 4096),
+        (64, 4096, 4096), (256, 4096, 4096))},
 }
 
 

@@ -230,7 +230,8 @@ def test_powers_of_two_are_built_exactly_over_the_whole_exponent_range():
 
 # --- the f16 mma.sync step of a 16-row Triton fp8 dot (TRITON_F16_MMA) ---------------------------------------
 
-MMA16_RECORDED = Path(__file__).resolve().parents[2] / "analysis/results/h100/fp8-block/b1d8bb0/call-2/mma16.safetensors"
+MMA16_RECORDED = (Path(__file__).resolve().parents[2] / "analysis" / "results" / "h100" / "fp8-block" / "b1d8bb0"
+                  / "call-2" / "mma16.safetensors")
 CANCEL = {0: (256.0, 256.0), 1: (-256.0, 256.0)}  # 2^16 − 2^16 = 0 in the first instruction: 2^-18 there is cut
 
 
@@ -246,8 +247,8 @@ def test_of_each_32_products_the_first_f16_instruction_takes_the_even_pairs(tiny
 
 
 def test_f16_operands_align_to_the_exponent_of_an_e4m3_subnormals_value():
-    """2^-9 is an e4m3 subnormal (field exponent −6) and an f16 normal (exponent −9): the product's exponent is −18,
-    not −12, so the grid is 2^-43 and C = 2^-40 is kept; read from the fields it would be cut on 2^-37."""
+    """2^-9 is an e4m3 subnormal (field exponent −6) and an f16 normal (exponent −9): the product's exponent is
+    −18, not −12, so the grid is 2^-43 and C = 2^-40 is kept; read from the fields it would be cut on 2^-37."""
     assert dot([(2.0**-9, 2.0**-9)], c=2.0**-40, model=TRITON_F16_MMA) == 2.0**-18 + 2.0**-40
     assert dot([(2.0**-9, 2.0**-9)], c=2.0**-40, model=replace(TRITON_F16_MMA, f16_operands=False)) == 2.0**-18
 
