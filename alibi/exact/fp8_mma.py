@@ -112,7 +112,9 @@ TRITON_F16_MMA = StepModel(k=16, align_bits=25, result_bits=23, k_order="pair-in
 to f16. The step is the published Hopper `mma` model (Xie et al., "MMA-Sim": 16 products and C aligned to 25
 fractional bits, cut toward zero, the sum cut toward zero to fp32); which products one instruction takes is Triton's
 8-bit operand layout: of each 32 products the first instruction takes those at (i // 2) even, the second the rest.
-Both read from 176 recorded chains on an H100 (45,056 outputs, every bit: analysis/results/cpu/mma16-fit)."""
+Both read from 176 recorded chains on an H100 (45,056 outputs, every bit: analysis/results/cpu/mma16-fit). The
+operands' exponents are their f16 values' (the instruction's input format); those chains fit that reading and the
+fields' alike, and a hand-worked case tells them apart (tests/exact/test_fp8_mma.py)."""
 
 
 # --- operands ---------------------------------------------------------------------------------------------
