@@ -26,7 +26,6 @@ import torch
 from safetensors import safe_open
 
 from alibi.controls.fp8_block_schedule import random_block_tile
-from alibi.exact.fp8_block import DEEPSEEK_V3
 from alibi.exact.fp8_block_mma import PROMOTIONS, chain_partials, parse_block_schedule, promote_chains
 from alibi.kernels.block_scaled import pad_block_operands
 from alibi.kernels.registry import get_kernel
@@ -74,15 +73,15 @@ def main() -> int:
         differing = {c.label: 0 for c in cands}
         for key in seeds:
             tile = random_block_tile(M, N, K, int(key.split("/")[1]))
-            p = pad_block_operands(tile.a_q, tile.s_a, tile.w_q, tile.s_w, DEEPSEEK_V3, m_multiple=multiples[0],
+            p = pad_block_operands(tile.a_q, tile.s_a, tile.w_q, tile.s_w, kernel.layout, m_multiple=multiples[0],
                                    n_multiple=multiples[1], k_multiple=multiples[2])
             Kp = p.a_q.shape[1]
             partials = chain_partials(p.a_q.to(args.device), p.w_q.to(args.device))
-            sw = DEEPSEEK_V3.column_scales(p.s_w.to(args.device, torch.float32), p.w_q.shape[0])
+            sw = kernel.layout.column_scales(p.s_w.to(args.device, torch.float32), p.w_q.shape[0])
             sa = p.s_a.to(args.device, torch.float32)
             want = records[key].to(args.device).view(torch.int32 if args.dtype == "fp32" else torch.int16)
             for c in cands:
-                acc = promote_chains(c, partials, Kp, sa, sw, DEEPSEEK_V3.block_k)[:M, :N]
+                acc = promote_chains(c, partials, Kp, sa, sw, kernel.layout.block_k)[:M, :N]
                 got = acc if args.dtype == "fp32" else acc.to(torch.bfloat16)
                 differing[c.label] += int((got.contiguous().view(want.dtype) != want).sum())
         ranked = sorted(differing.items(), key=lambda kv: kv[1])

@@ -203,12 +203,10 @@ def identify_block_schedule(kernel: Kernel, shapes: list[tuple[int, int, int]], 
             checked[declared.label] = _checked(declared, tile, out, kernel, dev)
             declared_ok = checked[declared.label].matches
         step = WGMMA_FP8 if declared is None else declared.step
-        for cand in candidate_block_schedules(128, step):
+        # every variant, always: on a bf16 tile a plain promotion can match by chance where the kernel splits K
+        for cand in candidate_block_schedules(128, step) + [c for p in PROMOTIONS for c in _variants(p, step)]:
             if cand.label not in checked:
                 checked[cand.label] = _checked(cand, tile, out, kernel, dev)
-        # every variant, always: on a bf16 tile a plain promotion can match by chance where the kernel splits K
-        for cand in [c for p in PROMOTIONS for c in _variants(p, step)]:
-            checked.setdefault(cand.label, _checked(cand, tile, out, kernel, dev))
         if not any(c.matches for c in checked.values()):
             for cand in [c for m in STEP_PARTS.values() if m != step for c in candidate_block_schedules(128, m)]:
                 checked[cand.label] = _checked(cand, tile, out, kernel, dev)

@@ -39,8 +39,8 @@ import torch
 from alibi.errors import InputError
 from alibi.exact.emulator import fma_f32
 from alibi.exact.fp8_block import BlockLayout
-from alibi.exact.fp8_mma import (TRITON_F16_MMA, WGMMA_FP8, Fp8Operand, SplitK, StepModel, as_instruction_sees,
-                                 decode, products, step)
+from alibi.exact.fp8_mma import (TRITON_F16_MMA, WGMMA_FP8, Fp8Operand, SplitK, StepModel, instruction_operands,
+                                 products, step)
 from alibi.exact.triton_division import triton_divide
 
 First = Literal["sa*sw", "p*sa", "p*sw"]
@@ -230,10 +230,7 @@ def accumulate_blocks(schedule: BlockSchedule, a_q: torch.Tensor, s_a: torch.Ten
                          f"cover whole scale blocks of {bk} k ({layout.text})")
     (M, K), N = a_q.shape, w_q.shape[0]
     dev = a_q.device
-    pad = -K % schedule.step.period
-    if pad:  # the zero byte is +0 in e4m3, decoded as a masked-off load reads it
-        a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
-    a, w = (as_instruction_sees(decode(x.to(dev)), schedule.step) for x in (a_q, w_q))
+    a, w, Kp = instruction_operands(a_q, w_q, schedule.step)
     sa_all = s_a.to(dev, torch.float32)
     sw_all = layout.column_scales(s_w.to(dev, torch.float32), N)  # [N, G]
     rows = max(1, min(M, max_elements // max(1, N * schedule.step.k)))
@@ -242,7 +239,7 @@ def accumulate_blocks(schedule: BlockSchedule, a_q: torch.Tensor, s_a: torch.Ten
         sl = slice(m0, m0 + rows)
         ar = Fp8Operand(a.value[sl, None, :], a.exponent[sl, None, :], a.zero[sl, None, :])
         wr = Fp8Operand(w.value[None], w.exponent[None], w.zero[None])
-        out[sl] = _scheduled(schedule, ar, wr, K, K + pad, sa_all[sl], sw_all, bk)
+        out[sl] = _scheduled(schedule, ar, wr, K, Kp, sa_all[sl], sw_all, bk)
     return out
 
 
@@ -265,9 +262,14 @@ def _scheduled(schedule: BlockSchedule, a: Fp8Operand, w: Fp8Operand, K: int, Kp
                 s = triton_divide(s, n_a * n_w)  # Triton's fp32 `/`, as the kernel divides (module docstring)
             chain = chain * s
         return chain
-    partials = {(k0, k1): _chain(a, w, k0, Kp if k1 == K else k1, zero, schedule.step)
-                for k0, k1 in chain_ranges(schedule.chain_k, K)}
-    return promote_chains(schedule, partials, K, sa, sw, bk)
+    return promote_chains(schedule, _partials(a, w, K, Kp, schedule.chain_k, schedule.step, zero), K, sa, sw, bk)
+
+
+def _partials(a: Fp8Operand, w: Fp8Operand, K: int, Kp: int, chain_k: int, model: StepModel,
+              zero: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
+    """Each fresh chain's fp32 partial, keyed by its k range (`chain_ranges` of the unpadded K; the last chain runs
+    on to the padded `Kp`)."""
+    return {(k0, k1): _chain(a, w, k0, Kp if k1 == K else k1, zero, model) for k0, k1 in chain_ranges(chain_k, K)}
 
 
 def chain_partials(a_q: torch.Tensor, w_q: torch.Tensor, chain_k: int = 128,
@@ -275,16 +277,12 @@ def chain_partials(a_q: torch.Tensor, w_q: torch.Tensor, chain_k: int = 128,
     """Each fresh chain's fp32 partial [M, N] of e4m3 `a_q` [M, K] and `w_q` [N, K], keyed by its k range
     (`chain_ranges`): what `promote_chains` combines, for fitting a schedule to recorded outputs without
     recomputing the chains per candidate."""
-    (M, K), dev = a_q.shape, a_q.device
-    pad = -K % step_model.period
-    if pad:
-        a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
-    a, w = (as_instruction_sees(decode(x.to(dev)), step_model) for x in (a_q, w_q))
+    (M, K), N = a_q.shape, w_q.shape[0]
+    a, w, Kp = instruction_operands(a_q, w_q, step_model)
     ar = Fp8Operand(a.value[:, None, :], a.exponent[:, None, :], a.zero[:, None, :])
     wr = Fp8Operand(w.value[None], w.exponent[None], w.zero[None])
-    zero = torch.zeros((M, w_q.shape[0]), dtype=torch.float32, device=dev)
-    return {(k0, k1): _chain(ar, wr, k0, K + pad if k1 == K else k1, zero, step_model)
-            for k0, k1 in chain_ranges(chain_k, K)}
+    return _partials(ar, wr, K, Kp, chain_k, step_model,
+                     torch.zeros((M, N), dtype=torch.float32, device=a_q.device))
 
 
 def chain_ranges(chain_k: int, K: int) -> list[tuple[int, int]]:

@@ -170,6 +170,17 @@ def as_instruction_sees(x: Fp8Operand, model: StepModel) -> Fp8Operand:
     return Fp8Operand(x.value[..., order], x.exponent[..., order], x.zero[..., order])
 
 
+def instruction_operands(a_q: torch.Tensor, w_q: torch.Tensor, model: StepModel) -> tuple[Fp8Operand, Fp8Operand, int]:
+    """fp8 `a_q` [M, K] and `w_q` [N, K] on `a_q`'s device, K zero-padded to a multiple of the step's period (the
+    zero byte is +0 in both formats, as a masked-off load reads it: a zero product counts nothing), decoded as the
+    instruction sees them (`as_instruction_sees`); and the padded K."""
+    pad = -a_q.shape[-1] % model.period
+    if pad:
+        a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
+    a, w = (as_instruction_sees(decode(x.to(a_q.device)), model) for x in (a_q, w_q))
+    return a, w, a_q.shape[-1]
+
+
 # --- one step ---------------------------------------------------------------------------------------------
 
 def _cut(x: torch.Tensor, how: str) -> torch.Tensor:
@@ -374,13 +385,8 @@ def accumulate(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: torch.Ten
                          f"{list(w_q.shape)}")
     M, K = a_q.shape
     N = w_q.shape[0]
-    w_q = w_q.to(a_q.device)
     kstep = schedule.step.k
-    pad = -K % schedule.step.period
-    if pad:  # the zero byte is +0 in both formats, decoded as a masked-off load reads it
-        a_q, w_q = (torch.nn.functional.pad(x.view(torch.uint8), (0, pad)).view(x.dtype) for x in (a_q, w_q))
-    a, w = (as_instruction_sees(decode(x), schedule.step) for x in (a_q, w_q))
-    Kp = K + pad
+    a, w, Kp = instruction_operands(a_q, w_q, schedule.step)
     rows = max(1, min(M, max_elements // max(1, N * kstep)))
     out = torch.empty((M, N), dtype=torch.float32, device=a_q.device)
     for m0 in range(0, M, rows):
@@ -438,4 +444,5 @@ def accumulate_prefixes(schedule: AccumulationSchedule, a_q: torch.Tensor, w_q: 
 
 __all__ = ["AccumulationSchedule", "CUTS", "FAST_ACCUM", "Fp8Operand", "K_ORDERS", "PROMOTE_128", "SCHEDULE_SYNTAX",
            "SplitK", "StepModel", "TRITON_F16_MMA", "WGMMA_FP8", "ZERO_EXPONENT", "accumulate", "accumulate_prefixes",
-           "as_instruction_sees", "decode", "dot_steps", "fp32_exponent", "parse_schedule", "products", "step"]
+           "as_instruction_sees", "decode", "dot_steps", "fp32_exponent", "instruction_operands", "parse_schedule",
+           "products", "step"]
