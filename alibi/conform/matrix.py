@@ -313,13 +313,13 @@ class RecordedKernel:
 
 def self_checks(kernel: RecordedKernel, tiles: Sequence[Tile]) -> tuple[Verdict, ...]:
     """M-invariance and run-to-run of one kernel over the real-scale tiles: its recorded output of each tile
-    against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.pipeline.sub_batches`)."""
+    against a second genuine launch and against the 1-, 4- and 16-row sub-batches (`alibi.conform.launches.sub_batches`)."""
     # deferred: keeps torch out of start-up
     import torch
 
     # deferred: keeps torch out of start-up
     from alibi.conform import checks
-    from alibi.conform.pipeline import sub_batches
+    from alibi.conform.launches import sub_batches
     from alibi.kernels.base import private_copy
 
     inner = kernel.kernel

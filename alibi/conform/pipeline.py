@@ -37,6 +37,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
+from alibi.conform.launches import launcher
 from alibi.conform.judge import (
     Measurement,
     PreparedTile,
@@ -65,13 +66,12 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, pack, private_copy, wait_for
+from alibi.kernels.base import Kernel, operands, pack, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import PRESETS, synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
 
 REGIMES = tuple(Regime)
-SUB_BATCH_SIZES = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -123,17 +123,6 @@ def validate_regimes(regimes: Iterable[str]) -> list[Regime]:
     if unknown or not regimes:
         raise InputError(f"--scales: unknown or empty regime list {unknown or regimes}; use real, pow2 or real,pow2")
     return [Regime(r) for r in regimes]
-
-
-def sub_batches(M: int) -> list[list[int]]:
-    """Row sets for the M-invariance check: 1 row at the start, 4 from the middle, 16 at the end."""
-    rows = []
-    for i, size in enumerate(SUB_BATCH_SIZES):
-        if size >= M:
-            continue
-        start = (0, (M - size) // 2, M - size)[i]
-        rows.append(list(range(start, start + size)))
-    return rows
 
 
 # --- the tile source ------------------------------------------------------------------------------
@@ -256,85 +245,69 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
 
 # --- units ----------------------------------------------------------------------------------------
 
-def _arm_output(kernel: Kernel, out: torch.Tensor, t: Tile) -> torch.Tensor:
-    if out.shape != (t.M, t.N) or out.dtype != t.out_dtype:
-        raise InputError(f"kernel {kernel.name!r} returned {dtype_name(out.dtype)}{list(out.shape)} for tile "
-                         f"{t.name!r}; expected {dtype_name(t.out_dtype)}[{t.M}, {t.N}]")
-    return out.to(t.a_q.device)
-
-
-def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True,
+def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True, graphs: bool = True,
              timer: StageTimer | None = None) -> UnitRun:
     """Both arms on one prepared tile under one regime, each on a private copy of the operands; in the real regime
-    (with invariance) also on the row subsets and a second time. The launches are queued, not waited for
-    (`run_units` waits once for a batch's). Nothing is judged here (`alibi.conform.judge`)."""
-    stage = timer.stage if timer else _untimed
-    kernel_a, kernel_b = pair.a, pair.b
+    (with invariance) also on the row subsets and a second time (`alibi.conform.launches`: eagerly, or replayed from
+    a CUDA graph with `graphs`). The launches are queued, not waited for (`run_units` waits once for a batch's).
+    Nothing is judged here (`alibi.conform.judge`)."""
     t = prepared.regimes[regime]
-    dev = t.a_q.device
-    with stage("io"):
-        ta, tb = private_copy(t, kernel_a.torch_device()), private_copy(t, kernel_b.torch_device())
     # An exposed accumulator does not depend on the scales: each arm exposes it once per tile (but a block-scaled
     # tile's, which includes them: once per unit, `UnitRun.own_exposed`).
     scaled = t.block_layout is not None
     want = {arm: scaled or arm not in prepared.exposed for arm in ("a", "b")}
-    with stage("kernels"):
-        run_a = kernel_a.run(ta, accumulator=want["a"], on_device=True, wait=False)
-        run_b = kernel_b.run(tb, accumulator=want["b"], on_device=True, wait=False)
-    with stage("io"):
-        exposed = {arm: None if run.acc is None else run.acc.to(dev)
-                   for arm, run in (("a", run_a), ("b", run_b)) if want[arm]}
-        own = exposed if scaled else None  # this unit's own; else kept for the tile's other units
-        if not scaled:
-            prepared.exposed.update(exposed)
-        out_a, out_b = _arm_output(kernel_a, run_a.out, t), _arm_output(kernel_b, run_b.out, t)
-    subsets = again = None
-    if regime == "real" and invariance:
-        def output(k: Kernel, tile: Tile) -> torch.Tensor:  # a launch only a check compares, queued
-            return k.run(tile, on_device=True, evidence=False, wait=False).out.to(dev)
-        with stage("kernels"):
-            subsets = {arm: [(rows, output(k, sub_tile(t, rows))) for rows in sub_batches(t.M)]
-                       for arm, k in (("a", kernel_a), ("b", kernel_b))}
-            again = {arm: output(k, private_copy(t, k.torch_device())) for arm, k in (("a", kernel_a), ("b", kernel_b))}
-    return UnitRun(prepared, regime, t, out_a, out_b, operands(ta), operands(tb), subsets, again,
-                   {"a": run_a.evidence, "b": run_b.evidence}, own)
-
-
-def sub_tile(t: Tile, rows: list[int]) -> Tile:
-    """The rows `rows` (consecutive, as `sub_batches` gives them) of `t` as a tile of their own, its activations
-    and their scales copied."""
-    sub = t.rows(slice(rows[0], rows[-1] + 1))
-    return sub.replace(a_q=sub.a_q.clone(), s_a=sub.s_a.clone())
-
-
-def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True,
-              timer: StageTimer | None = None) -> list[UnitRun]:
-    """`run_unit` on every (prepared tile, regime) of `work`, then one wait for all their launches (`wait_for`: a
-    synchronization per launch, or per unit, costs more than a small tile's kernels; a device error is reported
-    naming the kernels and the batch's tiles)."""
-    runs = [run_unit(pair, prepared, regime, invariance=invariance, timer=timer) for prepared, regime in work]
+    checked = regime == "real" and invariance
     with (timer.stage if timer else _untimed)("kernels"):
-        wait_for([pair.a, pair.b], " or ".join(dict.fromkeys(run.tile.name for run in runs)))
+        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs)
+                for arm, k in (("a", pair.a), ("b", pair.b))}
+    exposed = {arm: arms[arm].acc for arm in ("a", "b") if want[arm]}
+    if not scaled:  # kept for the tile's other units
+        prepared.exposed.update(exposed)
+    a, b = arms["a"], arms["b"]
+    return UnitRun(prepared, regime, t, a.out, b.out, a.operands, b.operands,
+                   {"a": a.subsets, "b": b.subsets} if checked else None,
+                   {"a": a.again, "b": b.again} if checked else None,
+                   {"a": a.evidence, "b": b.evidence}, exposed if scaled else None)
+
+
+def launch_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = True,
+                 timer: StageTimer | None = None) -> list[UnitRun]:
+    """`run_unit` on every (prepared tile, regime) of `work`, queued."""
+    return [run_unit(pair, prepared, regime, invariance=invariance, graphs=graphs, timer=timer)
+            for prepared, regime in work]
+
+
+def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = True,
+              timer: StageTimer | None = None) -> list[UnitRun]:
+    """`launch_units`, then one wait for all their launches (`wait_for`: a synchronization per launch, or per unit,
+    costs more than a small tile's kernels; a device error is reported naming the kernels and the batch's tiles)."""
+    runs = launch_units(pair, work, invariance=invariance, graphs=graphs, timer=timer)
+    with (timer.stage if timer else _untimed)("kernels"):
+        wait_for([pair.a, pair.b], _tile_names(runs))
     return runs
 
 
+def _tile_names(runs: list[UnitRun]) -> str:
+    return " or ".join(dict.fromkeys(run.tile.name for run in runs))
+
+
 def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
-                   ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                   ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = True,
                    timer: StageTimer | None = None) -> list[tuple[UnitResult, dict[str, dict[str, Any]]]]:
     """Run both arms on every (prepared tile, regime) of `work`, then apply every check to all of them at once
     (`alibi.conform.judge`). Returns, per unit, its result and the evidence of each arm's launch that produced
     its output."""
-    runs = run_units(pair, work, invariance=invariance, timer=timer)
+    runs = run_units(pair, work, invariance=invariance, graphs=graphs, timer=timer)
     units = judge(pair, runs, timer.stage if timer else _untimed, ulp_threshold=ulp_threshold, invariance=invariance)
     return [(unit, run.evidence) for unit, run in zip(units, runs, strict=True)]
 
 
 def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
-                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
+                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = True,
                   timer: StageTimer | None = None) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
     """`evaluate_units` of one unit."""
     return evaluate_units(pair, [(prepared, regime)], ulp_threshold=ulp_threshold, invariance=invariance,
-                          timer=timer)[0]
+                          graphs=graphs, timer=timer)[0]
 
 
 # Output elements (M·N summed over units) judged at once: bounds the memory of one batch (about 60 bytes per
@@ -363,16 +336,17 @@ def batches(tiles: list[tuple[int, Tile, list[str]]]) -> list[list[tuple[int, Ti
 
 
 def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], device: torch.device, *,
-                     ulp_threshold: int, invariance: bool, timer: StageTimer | None = None
+                     ulp_threshold: int, invariance: bool, graphs: bool = True, timer: StageTimer | None = None
                      ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
     regime, result, evidence) as each batch is judged.
 
-    The host and the device overlap: while the device works on a batch's checks (queued by
-    `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
-    transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds its verdicts. A
-    batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
-    finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
+    The host and the device overlap: the host queues a batch's launches (`launch_units`) and its checks
+    (`alibi.conform.judge.measure`) without waiting for either, packs the next batch's operands and queues their
+    transfer and exact accumulators (`prepare_tiles`) while the device works; then it waits for the batch's
+    launches (an error the device reports now is the kernels', and says so), collects the batch's numbers and builds
+    its verdicts. A batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process
+    loses no finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
@@ -383,13 +357,20 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     for k, batch in enumerate(order):
         # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
         work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
-        runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, timer=timer)
+        runs = launch_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
+                            timer=timer)
+        launched = torch.cuda.Event() if device.type == "cuda" else None
+        if launched is not None:
+            launched.record()
         measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
         try:
             ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
         except Exception:
+            wait_for([pair.a, pair.b], _tile_names(runs), launched)
             yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error ends it
             raise
+        with stage("kernels"):
+            wait_for([pair.a, pair.b], _tile_names(runs), launched)
         yield from _judged(work, runs, measurements, stage)
 
 
@@ -429,13 +410,15 @@ def _required_checks(units: list[UnitResult]) -> list[str]:
 def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], seed: int | None,
               regimes: Iterable[str], environment: dict[str, Any], created_at: str | None,
               evidence: dict[str, dict[str, Any]], replay: ReplayEvidence | None = None,
-              not_exercised: Iterable[str] = ()) -> Report:
+              not_exercised: Iterable[str] = (), eager_because: str | None = None) -> Report:
     """Fold unit results into the report. evidence: each arm's evidence of its last producing launch.
 
     replay: a flip analysis of the same pair (`--replay`); check 7 is then judged on it instead of
     being inapplicable on every tile, and the report records which file it used (`replay`).
     not_exercised: for a source that claims to exercise every attribute of a declaration, the attributes it did
     not (`alibi.conform.exercised.unexercised`): a verdict that would pass is then inconclusive, naming each.
+    eager_because: why no arm's launches were replayed from CUDA graphs (None where they could be: each GPU arm's
+    record says how it launched, `alibi.conform.launches.ArmLauncher.how`).
     """
     not_exercised = list(not_exercised)
     combined = []
@@ -452,8 +435,8 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
         verdict = ReportVerdict.INCONCLUSIVE
     missing = [c for c in required if not by_name[c].applicable]
     return Report(
-        created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"]),
-        kernel_b=_kernel_record(pair.b, evidence["b"]), selection=pair.selection, verdict=verdict,
+        created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"], eager_because),
+        kernel_b=_kernel_record(pair.b, evidence["b"], eager_because), selection=pair.selection, verdict=verdict,
         equivalence=Equivalence.BITWISE if all(u.bitwise_equal for u in units) else Equivalence.NOT_BITWISE,
         inconclusive_because=(tuple(f"{c}: {by_name[c].detail}" for c in missing) + tuple(not_exercised)
                               if verdict == ReportVerdict.INCONCLUSIVE else ()),
@@ -461,9 +444,11 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
         environment=environment, replay=None if replay is None else replay.as_dict())
 
 
-def _kernel_record(kernel: Kernel, evidence: dict[str, Any]) -> KernelRecord:
+def _kernel_record(kernel: Kernel, evidence: dict[str, Any], eager_because: str | None) -> KernelRecord:
     ok, reason = kernel.available()
-    return KernelRecord(kernel.name, kernel.epilogue.name if kernel.epilogue else None, ok, reason, evidence)
+    launches = launcher(kernel).how(eager_because)
+    return KernelRecord(kernel.name, kernel.epilogue.name if kernel.epilogue else None, ok,
+                        f"{reason}; {launches}" if launches else reason, evidence)
 
 
 def environment() -> dict[str, Any]:
@@ -535,7 +520,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
                     progress: Callable[[int, int, str], None] | None = None,
                     timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
                     device: torch.device | str | None = None, verify_units: bool = False,
-                    computed_elsewhere: int = 0) -> Report:
+                    computed_elsewhere: int = 0, graphs: bool = True) -> Report:
     """The whole procedure over `source` × `regimes`; returns the report.
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
@@ -549,7 +534,9 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     must be of this pair). timer: collects per-stage wall time (`alibi bench conform`). device: where
     the exact reference, the models and the checks run (default `check_device()`); the bits do not
     depend on it (`alibi bench conform` runs both and compares). A source that claims every attribute is first
-    narrowed to what the pair's declarations cover (`alibi.conform.exercised.within_declarations`).
+    narrowed to what the pair's declarations cover (`alibi.conform.exercised.within_declarations`). graphs: replay
+    each GPU arm's launches from CUDA graphs where its kernel allows (`alibi.conform.launches`; the results are the
+    same bits, the report's kernel records say how each arm launched); False launches every unit eagerly.
     """
     regimes = validate_regimes(regimes)
     source = within_declarations(source, (pair.a, pair.b))
@@ -586,7 +573,8 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
             if progress:
                 progress(done, len(plan), f"{tile.name} [{regime}] done earlier")
     for i, regime, unit, evidence in evaluate_batches(pair, [(i, source.tiles[i], r) for i, r in todo.items()], device,
-                                                      ulp_threshold=ulp_threshold, invariance=invariance, timer=timer):
+                                                      ulp_threshold=ulp_threshold, invariance=invariance, graphs=graphs,
+                                                      timer=timer):
         uid = unit_id(i, source.tiles[i].name, regime)
         if uid in stored:
             if store.unit_document(unit, evidence, digests[i]) != store.path(uid).read_text("utf-8"):
@@ -614,13 +602,23 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
         record = {**record, "exercised": accounting}
         not_exercised = unexercised(accounting)
     return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),
-                     created_at=created, evidence=evidence, replay=replay, not_exercised=not_exercised)
+                     created_at=created, evidence=evidence, replay=replay, not_exercised=not_exercised,
+                     eager_because=eager_because(graphs, device))
+
+
+def eager_because(graphs: bool, device: torch.device) -> str | None:
+    """Why no arm of a run replays CUDA graphs (None where GPU arms may): graphs off, or tiles on the host."""
+    if not graphs:
+        return "as asked (CUDA graphs off)"
+    if device.type != "cuda":
+        return f"the check device is {device.type}, so the tiles lie on the host, where a CUDA graph cannot read them"
+    return None
 
 
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
-                  progress: Callable[[str], None] | None = None, shard: int | None = None) -> int:
+                  progress: Callable[[str], None] | None = None, shard: int | None = None, graphs: bool = True) -> int:
     """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
     there atomically as it finishes (its digest in this process's ledger first); returns how many were
     computed. The work of one shard (a worker process, a Ray task): a unit's bytes do not depend on which
@@ -637,7 +635,8 @@ def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_
     digests: dict[int, str] = {}
     computed = 0
     for i, regime, unit, evidence in evaluate_batches(pair, [item for item in todo if item[2]], device,
-                                                      ulp_threshold=ulp_threshold, invariance=invariance):
+                                                      ulp_threshold=ulp_threshold, invariance=invariance,
+                                                      graphs=graphs):
         digests[i] = digests.get(i) or tile_sha256(source.tiles[i])
         store.write(unit_id(i, source.tiles[i].name, regime), unit, evidence, digests[i])
         computed += 1
@@ -667,6 +666,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
 
 
 __all__ = ["REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats", "choose_pair",
-           "compute_units", "evaluate_unit", "evaluate_units", "exit_code", "prepare", "prepare_tiles",
-           "run_conformance", "run_units", "source_from_dir", "source_from_preset", "source_from_tiles", "start_units",
+           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code", "launch_units", "prepare",
+           "prepare_tiles", "run_conformance", "run_units", "source_from_dir", "source_from_preset", "source_from_tiles", "start_units",
            "summarize", "within_declarations"]

@@ -80,6 +80,13 @@ class Kernel:
     """fp8 kernels: how the tensor core's chains are accumulated (`alibi.exact.fp8_mma`), the declaration conform
     holds the accumulator to beside the epilogue; None for int8 (exact) and for a kernel that declares none."""
 
+    replayable: bool = False
+    """True where every launch of `run` depends on nothing but the shapes, dtypes and values of the tile's operands
+    (no host state that changes from call to call, no synchronization with the host): the conformance pipeline then
+    records an arm's launches once per tile layout in a CUDA graph and replays them (`alibi.conform.launches`).
+    Only the class that sets it counts (`launches_replayable`): a subclass that launches otherwise (a plugin's,
+    a mutant) launches eagerly unless it declares it again."""
+
     scaled_accumulator: bool = False
     """Block-scaled fp8 kernels: the scales enter the accumulation, so `accumulator` takes them too
     (`accumulator(a_q, w_q, s_a, s_w)`, the fp32 accumulator after the scales) and `run` passes them."""
@@ -120,6 +127,11 @@ class Kernel:
             files |= {f"csrc/{rel}": csrc / rel for rel in folder_files(csrc, exclude=())}
         return sha256_listing(((label, sha256_file(path)) for label, path in sorted(files.items())),
                               header=f"class {type(self).__module__}.{type(self).__qualname__}\n")
+
+    def launches_replayable(self) -> bool:
+        """Whether this kernel's own class declares its launches replayable (`replayable`; an inherited
+        declaration does not count)."""
+        return type(self).__dict__.get("replayable", False) is True
 
     def torch_device(self) -> torch.device:
         return torch.device("cuda" if self.device == "cuda" else "cpu")
@@ -237,14 +249,18 @@ def raised_as_kernel_failure(kernel: str, tile: str, *, when: str = "raised") ->
                            f"{one_line(str(exc))[:300]}") from exc
 
 
-def wait_for(kernels: list[Kernel], tile: str) -> None:
-    """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`. An error the device
+def wait_for(kernels: list[Kernel], tile: str, launched: torch.cuda.Event | None = None) -> None:
+    """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`: for the whole device, or
+    for the event `launched` recorded right after them (work queued later may still run). An error the device
     reports now is one of theirs: `KernelRaised` names them all, since the device does not say which launch
     failed (`alibi identify --kernel K` runs one alone)."""
     if any(k.torch_device().type == "cuda" for k in kernels) and torch.cuda.is_available():
         names = " or ".join(repr(name) for name in dict.fromkeys(k.name for k in kernels))
         with raised_as_kernel_failure(names, tile, when="failed on the GPU (reported when waiting for its launches)"):
-            torch.cuda.synchronize()
+            if launched is None:
+                torch.cuda.synchronize()
+            else:
+                launched.synchronize()
 
 
 OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")
@@ -264,7 +280,8 @@ def _aligned_bytes(t: torch.Tensor) -> int:
     return -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
 
 
-def _packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The views of `buffer` (uint8) that `packed` placed tensors like `present` (shapes, dtypes, order) at."""
     views, offset = {}, 0
     for k, v in present.items():
         views[k] = buffer[offset:offset + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
@@ -272,19 +289,25 @@ def _packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dic
     return views
 
 
-def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
-    """`tensors` copied onto `device` into one buffer, each contiguous at an offset aligned to `PACK_ALIGN` bytes,
-    by name. Host tensors bound for a GPU are packed on the host first, in pinned memory, and cross in one
-    asynchronous copy: a copy from pageable memory, one per tensor, would hold the host until it is done."""
+def packed(tensors: dict[str, torch.Tensor], device: torch.device | str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`tensors` copied onto `device` into one buffer (uint8), each contiguous at an offset aligned to `PACK_ALIGN`
+    bytes: the buffer and the views, by name. Host tensors bound for a GPU are packed on the host first, in pinned
+    memory, and cross in one asynchronous copy: a copy from pageable memory, one per tensor, would hold the host
+    until it is done."""
     device = torch.device(device)
     staged = device.type == "cuda" and all(v.device.type == "cpu" for v in tensors.values())
     size = sum(_aligned_bytes(v) for v in tensors.values())
     buffer = torch.empty(size, dtype=torch.uint8, device="cpu" if staged else device, pin_memory=staged)
-    for k, view in _packed_views(buffer, tensors).items():
+    for k, view in packed_views(buffer, tensors).items():
         view.copy_(tensors[k])
     if staged:
         buffer = buffer.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
-    return _packed_views(buffer, tensors)
+    return buffer, packed_views(buffer, tensors)
+
+
+def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The views of `packed`: `tensors` on `device` in one buffer, by name."""
+    return packed(tensors, device)[1]
 
 
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:

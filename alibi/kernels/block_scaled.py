@@ -203,6 +203,8 @@ IDENTIFIED_LONG_K = {
 class CublasLtFp8BlockKernel(BlockScaledKernel):
     """`cublaslt-fp8-block`: torch's blockwise recipe (cuBLASLt), 1 × 128 activations and 128 × 128 weights."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "cublaslt-fp8-block"
     accumulation = parse_block_schedule("block128:fma(sa*sw,p,acc)")
     declared_from = ("read from cuBLASLt 130100's output bits by `alibi identify` on an H200 and an H100 (module "

@@ -54,6 +54,8 @@ def int_mm_padded(a_q: torch.Tensor, w_q: torch.Tensor) -> tuple[torch.Tensor, d
 class CublasInt8Kernel(Kernel):
     """`cublas`: torch._int_mm (cuBLASLt) + the `w_then_a+add_before_cast` epilogue in separate fp32 torch ops."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "cublas"
     formats = ("int8",)
     device = "cuda"

@@ -296,6 +296,8 @@ class CutlassKernel(Kernel):
 class CutlassInt8Kernel(CutlassKernel):
     """`cutlass`: CUTLASS int8 scaled GEMM (sm90 or sm80 path), vLLM's CUTLASS epilogue `w_then_a+fma`."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "cutlass"
     formats = ("int8",)
     epilogue = VLLM_CUTLASS
@@ -353,6 +355,8 @@ class CutlassInt8Kernel(CutlassKernel):
 
 class CutlassSm80Int8Kernel(CutlassInt8Kernel):
     """`cutlass-sm80`: the CUTLASS 2 path forced on any GPU of compute capability 8.0 or newer."""
+
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
 
     def __init__(self) -> None:
         super().__init__(path="sm80")

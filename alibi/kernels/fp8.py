@@ -96,6 +96,8 @@ def fp8_library() -> nvcc.Library:
 class CutlassFp8Kernel(CutlassKernel):
     """`cutlass-fp8`: CUTLASS 3 e4m3 GEMM (fp32 fast accumulation), epilogue `w_then_a+fma`."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "cutlass-fp8"
     formats = ("fp8_e4m3",)
     operand_dtype = torch.float8_e4m3fn
@@ -208,6 +210,8 @@ class ScaledMmFp8Kernel(Kernel):
 class CublasLtFp8Kernel(ScaledMmFp8Kernel):
     """`cublaslt-fp8`: torch._scaled_mm with row-wise scales."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "cublaslt-fp8"
     epilogue = ROWWISE_EPILOGUE
     description = "torch._scaled_mm e4m3, row-wise scales (scale_a [M,1], scale_b [1,N]), fp32 accumulation"
@@ -215,6 +219,8 @@ class CublasLtFp8Kernel(ScaledMmFp8Kernel):
 
 class CublasLtFp8TensorwiseKernel(ScaledMmFp8Kernel):
     """`cublaslt-fp8-tensorwise`: torch._scaled_mm with one scale per operand (cuBLASLt scaling)."""
+
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
 
     name = "cublaslt-fp8-tensorwise"
     tensorwise = True

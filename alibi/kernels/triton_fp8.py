@@ -68,6 +68,8 @@ def _interpreter_fp8_probe() -> str | None:
 class TritonFp8Kernel(TritonScaledMmKernel):
     """`triton-fp8`: fp8 e4m3 operands, fp32 tl.dot accumulation, vLLM's Triton epilogue."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "triton-fp8"
     formats = ("fp8_e4m3",)
     operand_dtype = torch.float8_e4m3fn

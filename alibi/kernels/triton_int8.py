@@ -594,6 +594,8 @@ class TritonScaledMmKernel(Kernel):
 class TritonInt8Kernel(TritonScaledMmKernel):
     """`triton`: int8 operands, exact int32 accumulator, vLLM's Triton epilogue."""
 
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
+
     name = "triton"
     formats = ("int8",)
     description = "Triton int8 scaled-mm (int32 tl.dot, vLLM Triton epilogue: a_then_w, bias after the cast)"
@@ -605,6 +607,8 @@ class TritonInt8WThenAFmaKernel(TritonInt8Kernel):
     Same tiling and exact int32 accumulator; the epilogue is `w_then_a_fma_scaled_mm_kernel`'s
     (weight scale first, bias fused into the activation-scale multiply with one rounding).
     """
+
+    replayable = True  # every launch a function of the operands (alibi.conform.launches)
 
     name = "triton:w_then_a+fma"
     epilogue = W_THEN_A_FMA

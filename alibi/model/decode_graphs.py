@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from alibi.kernels.graphs import release_generator
 from alibi.model.trace import row_digests
 
 MIN_BUCKET = 64
@@ -45,17 +46,6 @@ MIN_BUCKET = 64
 def cache_bucket(tokens: int) -> int:
     """Cache positions for a sequence of `tokens` (prompt + new tokens): a power of two ≥ max(tokens, MIN_BUCKET)."""
     return max(MIN_BUCKET, 1 << max(tokens - 1, 0).bit_length())
-
-
-def release_generator(device: torch.device) -> None:
-    """Free the device's default generator after a failed capture. torch ends a capture that a host sync
-    invalidated with an error before it takes the generator out of capture mode, and from then on every random
-    op on the device raises "Offset increment outside graph capture encountered unexpectedly" (seen on an H100,
-    torch 2.11: the next model's initialisation failed). The generator gets a copy of its own state: the same
-    seed and offset, not capturing."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    generator = torch.cuda.default_generators[index]
-    generator.graphsafe_set_state(generator.clone_state())
 
 
 @dataclass
@@ -176,4 +166,4 @@ def greedy_loop(last: torch.Tensor, prompt: int, new_tokens: int, step: Callable
         last = step(nxt, prompt + len(chosen) - 1)
 
 
-__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "greedy_loop", "release_generator"]
+__all__ = ["MIN_BUCKET", "DecodeStep", "GraphDecoder", "cache_bucket", "greedy_loop"]

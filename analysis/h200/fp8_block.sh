@@ -11,6 +11,9 @@
 #             analysis/fit_block_schedule.py on the CPU
 #   deepseek  alibi matrix at DeepSeek-V3's block-scaled layers (deepseek-v3-fp8-block, -decode): the long-K matrix
 #   refit     cuBLASLt's outputs at the long-K shapes first read in bf16, recorded and fitted to fp32 on the GPU
+#   launches  the GPU tests of replayed launches (every kernel that declares its launches replayable, vLLM's and the
+#             CUTLASS ones included: carry gpu_payload/{alibi_cache.tar.xz,kernel-pins.json} too) and of the code
+#             around them (the bench, private copies, the runner's decode graphs)
 #   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
 #             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
 # Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
@@ -52,6 +55,17 @@ if [ -d "$REPO/gpu_payload/vllm" ]; then
     else
       echo "fp8_block.sh: fp8_utils.py or its configs do not match $P/SHA256SUMS: vllm-triton-fp8-block left out"
     fi
+  fi
+fi
+[ -f /tmp/alibi-vllm/triton_scaled_mm.py ] && export ALIBI_VLLM_TRITON=/tmp/alibi-vllm/triton_scaled_mm.py
+# the CUTLASS libraries built on the CPU machine, and their pins (analysis/h200/kernel_pins.sh)
+if [ -f "$REPO/gpu_payload/alibi_cache.tar.xz" ]; then
+  mkdir -p /tmp/alibi && tar -C /tmp/alibi -xJf "$REPO/gpu_payload/alibi_cache.tar.xz" && export ALIBI_CACHE=/tmp/alibi/alibi_cache
+  [ -f "$REPO/gpu_payload/cutlass_include.tar.xz" ] && tar -C /tmp/alibi -xJf "$REPO/gpu_payload/cutlass_include.tar.xz" \
+    && export ALIBI_CUTLASS_INCLUDE=/tmp/alibi/cutlass_include
+  if [ -f "$REPO/gpu_payload/kernel-pins.json" ]; then
+    mkdir -p -m 700 /tmp/alibi/alibi_config && cp "$REPO/gpu_payload/kernel-pins.json" /tmp/alibi/alibi_config/ \
+      && chmod 600 /tmp/alibi/alibi_config/kernel-pins.json && export ALIBI_CONFIG=/tmp/alibi/alibi_config
   fi
 fi
 R=$OUT/fp8_block; mkdir -p "$R"
@@ -130,6 +144,12 @@ if want gputests; then
   timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_fp8_block_kernels.py \
     tests/exact/test_fp8_mma.py tests/exact/test_fp8_block_mma.py > "$R/pytest-gpu.txt" 2>&1; stamp "gputests: rc $?"
   tail -n 8 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
+fi
+if want launches; then
+  timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/conform/test_launches.py \
+    tests/conform/test_bench.py tests/kernels/test_private_copy.py tests/model/test_decode_graphs.py \
+    > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
+  tail -n 12 "$R/pytest-gpu-launches.txt" >> "$OUT/summary.txt"
 fi
 tar -C "$OUT" -czf "$OUT/fp8_block.tgz" fp8_block && rm -rf "$R"
 stamp "done"

@@ -1,0 +1,108 @@
+"""An arm's launches replayed from CUDA graphs give every unit the bits its eager launches give
+(alibi/conform/launches.py); a kernel that does not declare its launches replayable, or whose capture fails,
+launches eagerly and the report says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alibi.conform.launches import launcher
+from alibi.conform.pipeline import Pair, run_conformance, source_from_preset, source_from_tiles
+from alibi.kernels.catalog import BUILTIN
+from alibi.kernels.registry import get_kernel
+from alibi.kernels.triton_int8 import TritonInt8Kernel, TruncatingTritonKernel
+from alibi.tiles.tile import BLOCK_FORMAT
+
+# Tiles of two layers, so every launch key (the seven projections, gate and up sharing one) comes twice: the first
+# unit of a key runs eagerly and is captured, the second replays.
+PRESET_OF_FORMAT = {"int8": "smollm2-135m-bias", "fp8_e4m3": "smollm2-135m-fp8", BLOCK_FORMAT: "smollm2-135m-fp8-block"}
+
+
+def _declaring_builtins() -> list[str]:
+    import importlib
+
+    names = []
+    for name, where in BUILTIN.items():
+        module, cls = where.split(":")
+        try:
+            found = getattr(importlib.import_module(module), cls)
+        except Exception:  # noqa: BLE001 - a kernel whose module cannot be imported here declares nothing here
+            continue
+        if isinstance(found, type) and found.__dict__.get("replayable") is True:
+            names.append(name)
+    return names
+
+
+def test_only_the_class_that_declares_its_launches_replayable_has_them_replayed():
+    class Subclass(TritonInt8Kernel):  # a plugin changing how the kernel launches, declaring nothing
+        name = "test:subclass"
+
+    class Declaring(TritonInt8Kernel):
+        name = "test:declaring"
+        replayable = True
+
+    assert TritonInt8Kernel().launches_replayable()
+    assert not Subclass().launches_replayable() and Declaring().launches_replayable()
+    assert not TruncatingTritonKernel().launches_replayable()  # a mutant of a declaring kernel
+    assert {"cutlass", "triton", "cublas", "cutlass-fp8", "triton-fp8"} <= set(_declaring_builtins())
+    assert not any(name.startswith("mutant:") for name in _declaring_builtins())
+
+
+def test_cpu_arms_launch_as_before_and_their_record_adds_nothing():
+    kernel = get_kernel("torch-cpu")
+    report = run_conformance(Pair(kernel, get_kernel("emulator:a_then_w"), "test"),
+                             source_from_preset("tiny"), created_at=None)
+    assert report.kernel_a.how == kernel.available()[1]
+    assert launcher(kernel).graphs == {}
+
+
+def _two_layers(fmt: str):
+    return source_from_tiles(source_from_preset(PRESET_OF_FORMAT[fmt]).tiles[:14])
+
+
+def _results(report):
+    return [u for u in report.tiles], report.verdict, report.kernel_a.evidence, report.kernel_b.evidence
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _declaring_builtins())
+def test_replayed_launches_give_every_unit_the_bits_and_evidence_of_eager_launches(name):
+    kernel = get_kernel(name)
+    ok, why = kernel.available()
+    if not ok:
+        pytest.skip(f"{name} is not available here: {why}")
+    source = _two_layers(kernel.formats[0])
+    eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, graphs=False, created_at=None)
+    replayed = run_conformance(Pair(kernel, get_kernel(name), "graphs"), source, created_at=None)
+    assert _results(replayed) == _results(eager)
+    assert launcher(kernel).refused is None and len(launcher(kernel).graphs) >= 2
+    assert "launches captured in a CUDA graph" in replayed.kernel_a.how
+    assert "launched eagerly: as asked" in eager.kernel_a.how
+    again = run_conformance(Pair(kernel, get_kernel(name), "graphs, every unit replayed"), source, created_at=None)
+    assert _results(again) == _results(eager)
+
+
+class HostSyncingTriton(TritonInt8Kernel):
+    """Declares its launches replayable, but reads a value back to the host at every launch."""
+
+    name = "test:host-syncing-triton"
+    replayable = True
+
+    def scaled_mm(self, a_q, s_a, w_q, s_w, bias=None, out_dtype=torch.bfloat16):
+        if float(s_a.max()) < 0:  # a host read: illegal while a stream is being captured
+            raise AssertionError("scales are positive")
+        return super().scaled_mm(a_q, s_a, w_q, s_w, bias, out_dtype)
+
+
+@pytest.mark.gpu
+def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_the_report_says_why():
+    source = _two_layers("int8")
+    syncing = HostSyncingTriton()
+    report = run_conformance(Pair(syncing, get_kernel("triton"), "test"), source, created_at=None)
+    eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, graphs=False,
+                            created_at=None)
+    assert report.tiles == eager.tiles
+    assert "launched eagerly: its launches could not be captured in a CUDA graph" in report.kernel_a.how
+    assert "launches captured in a CUDA graph" in report.kernel_b.how
+    torch.randn(8, device="cuda")  # the failed capture left the device's generator usable
