@@ -150,6 +150,16 @@ if want launches; then
     tests/conform/test_bench.py tests/kernels/test_private_copy.py tests/model/test_decode_graphs.py \
     > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
   tail -n 12 "$R/pytest-gpu-launches.txt" >> "$OUT/summary.txt"
+  # plain walls (analysis/h200/wall_conform.py), cutlass vs triton, every launch eager against replayed, in turn
+  for source in qwen3-1.7b smollm2-135m-full; do
+    for round in 1 2; do
+      for eager in 1 0; do
+        [ "$(left)" -gt 40 ] || break 3
+        line=$(ALIBI_EAGER=$eager timeout 120 python analysis/h200/wall_conform.py cutlass triton cuda 5 --synthetic "$source" 2>&1 | tail -n 1)
+        stamp "wall $source round $round eager=$eager: $line"
+      done
+    done
+  done
 fi
 tar -C "$OUT" -czf "$OUT/fp8_block.tgz" fp8_block && rm -rf "$R"
 stamp "done"
