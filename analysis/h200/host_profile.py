@@ -13,6 +13,7 @@ import time
 
 import torch
 
+import alibi.conform.launches as launches
 import alibi.conform.pipeline as pipeline
 from alibi.conform.judge import ScaleFacts
 from alibi.exact.emulator import exact_accumulator
@@ -38,7 +39,7 @@ text = io.StringIO()
 stats = pstats.Stats(profile, stream=text)
 stats.sort_stats("tottime").print_stats(45)
 stats.sort_stats("cumulative").print_stats(60)
-for name in ("prepare_tiles", "pack", "run_unit", "_measure_batch", "collect", "verdicts", "private_copy", "sub_tile"):
+for name in ("prepare_tiles", "pack", "run_unit", "launch", "replay", "_measure_batch", "collect", "verdicts"):
     stats.print_callees(name)
 print(text.getvalue())
 
@@ -74,6 +75,6 @@ cost(f"prepare_tiles, {len(same_shape)} tiles of one shape",
      lambda: pipeline.prepare_tiles([(x, ("real", "pow2")) for x in same_shape], dev), 20)
 real = pipeline.prepare(t, dev).regimes["real"]
 cost("private_copy", lambda: private_copy(real, dev))
-cost("sub_tile", lambda: pipeline.sub_tile(real, pipeline.sub_batches(real.M)[1]))
+cost("sub_tile", lambda: launches.sub_tile(real, launches.sub_batches(real.M)[1]))
 out = torch.empty((512, 576), dtype=torch.bfloat16, device=dev)
 cost("a .to(dev) that copies nothing", lambda: out.to(dev))
