@@ -15,7 +15,8 @@
 # but the environment and the kernels' evidence) must be equal. Then the plain walls (no stage timer: what a user's
 # `alibi conform` pays) of both commits by one driver, analysis/h200/wall_conform.py, 5 runs each, before and after
 # in turn twice. A cProfile of the "after" bench closes.
-# THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out.
+# THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out; THROUGHPUT_WALLS=0
+# leaves out the walls by wall_conform.py (the benches' own plain walls stay), THROUGHPUT_PROFILE=0 the cProfiles.
 # Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
 set -u
 : "${OUT:?}"
@@ -46,6 +47,7 @@ side() {
   log "conform $code $name rc=$? $(( $(date +%s) - s ))s"
 }
 wall() {  # SOURCE_NAME SOURCE_ARGS...: plain walls (no stage timer) of both commits, by one driver, twice in turn
+  [ "${THROUGHPUT_WALLS:-1}" = 1 ] || return 0
   local name=$1; shift
   for round in 1 2; do
     for code in before after; do
@@ -74,6 +76,7 @@ print(f"compare {sys.argv[1].split('/')[-2].removeprefix('conform-before-')}: {l
 PY
 }
 profile() {  # NAME SOURCE_ARGS...: cProfile of the after bench (one timed run)
+  [ "${THROUGHPUT_PROFILE:-1}" = 1 ] || return 0
   local name=$1; shift
   (cd "$AFTER_DIR" && timeout "$LIMIT" python analysis/h200/profile_conform.py "$R/profile-$name.txt" "$KA" "$KB" \
      "${DEVICE:-cuda}" "$@" --cuda > "$R/profile-$name.log" 2>&1)
