@@ -6,8 +6,9 @@ caching allocator keeps — all outside the timing; its wall is reported apart, 
 then `repeats` plain runs and `repeats` staged runs per check device. A plain run is what `alibi conform`
 pays: its wall time (`wall`) is the throughput reported, output elements (M·N summed over units) per
 second. A staged run carries a `StageTimer`, which splits wall time into the kernels (every launch, the
-accumulator, M-invariance and reruns included), the exact reference (accumulator GEMM, epilogue models,
-fp64 exact values), the checks, and I/O (operand copies and transfers); timing a GPU stage needs a
+accumulator, M-invariance and reruns included, with each arm's private copies, eager or replayed from a CUDA
+graph), the exact reference (accumulator GEMM, epilogue models, fp64 exact values), the checks, and I/O (the
+tiles' packing and transfers); timing a GPU stage needs a
 synchronize at its end, which stops the host from queueing work ahead of the GPU, so a staged run is slower
 than a plain one (`staged`, reported beside it; the stage split is the staged runs' median). Tile
 generation or reading is outside the timing (it happens once, before).
