@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--check-devices", default=None,
                    help="where the reference and checks run, comma-separated: cuda, cpu (default: cuda,cpu with a "
                         "GPU, else cpu)")
+    c.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each GPU arm's launches from CUDA graphs, as `alibi conform --cuda-graphs` does")
     c.add_argument("--out", type=Path, default=Path("alibi-bench-conform.json"), help="JSON result")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=run_conform)
@@ -127,7 +129,7 @@ def run_conform(args: argparse.Namespace) -> int:
         source = source_from_preset(args.synthetic or "qwen3-1.7b", seed=0, rows=512 if args.rows is None else args.rows)
     pair = choose_pair(args.kernel_a, args.kernel_b)
     say = None if args.quiet else (lambda line: print(f"  {line}", file=sys.stderr))
-    result = bench_conform(pair, source, devices=devices, repeats=args.repeats, progress=say)
+    result = bench_conform(pair, source, devices=devices, repeats=args.repeats, progress=say, graphs=args.cuda_graphs)
     atomic.write_text(args.out, result.to_json())
     print(format_table(result))
     print(f"  wrote {args.out}")

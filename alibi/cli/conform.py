@@ -53,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     shard.add_argument("--ray", metavar="ADDRESS",
                        help="shard the units as Ray tasks on the cluster at ADDRESS (local: a Ray started here); "
                             "needs the ray extra and --out on a file system every node shares")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="on a GPU, record each arm's launches once per tile layout in a CUDA graph and replay them "
+                        "(kernels that declare their launches replayable; the bits are the same, the report says how "
+                        "each arm launched)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run, interrupted=_interrupted)
 
@@ -216,7 +220,8 @@ def _units_and_report(args, pair, source, regimes, units, resume, replay, parame
                               None if args.devices is None else parse_devices(args.devices), ray_address=args.ray,
                               ulp_threshold=args.ulp_threshold, invariance=not args.no_invariance,
                               resume=resume, seed=args.seed if args.tiles is None else None,
-                              plan_parameters=plan_parameters, source=source, quiet=args.quiet)
+                              plan_parameters=plan_parameters, source=source, quiet=args.quiet,
+                              graphs=args.cuda_graphs)
         parameters["sharding"] = sharded.manifest_record()
         computed_elsewhere = sum(sharded.computed)
         resume = True
@@ -228,7 +233,7 @@ def _units_and_report(args, pair, source, regimes, units, resume, replay, parame
                              invariance=not args.no_invariance, replay=replay,
                              progress=None if args.quiet else progress_printer(),
                              plan_parameters=plan_parameters, verify_units=args.verify_units,
-                             computed_elsewhere=computed_elsewhere)
+                             computed_elsewhere=computed_elsewhere, graphs=args.cuda_graphs)
     return report, parameters
 
 

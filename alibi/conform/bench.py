@@ -98,7 +98,9 @@ class DeviceTiming:
 @dataclass(frozen=True)
 class ConformBench(TypedResult):
     """`alibi bench conform`: one pair over one tile source, timed per check device (`timings`), with the
-    per-unit results compared across the devices (`n_differing`, `identical_results`)."""
+    per-unit results compared across the devices (`n_differing`, `identical_results`); `cuda_graphs`: the runs
+    replayed GPU arms' launches from CUDA graphs (`alibi conform --cuda-graphs`; absent from the document when
+    False, as in every result made before it existed)."""
 
     SCHEMA = SCHEMA
     READS = (V1,)
@@ -115,6 +117,7 @@ class ConformBench(TypedResult):
     identical_results: bool
     timings: tuple[DeviceTiming, ...]
     environment: dict[str, Any]
+    cuda_graphs: bool = False
     schema: str = SCHEMA
 
     @classmethod
@@ -122,10 +125,13 @@ class ConformBench(TypedResult):
         """A v1 result's timings (staged runs only, their wall flat in the timing) in v2's layout, `wall` None."""
         if doc.get("schema") == V1 and isinstance(doc.get("timings"), list):
             doc["timings"] = [_v1_timing(t) if isinstance(t, dict) else t for t in doc["timings"]]
+        doc.setdefault("cuda_graphs", False)
         return doc
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """As stored: a result read from v1 goes back in v1's layout."""
+        """As stored: a result read from v1 goes back in v1's layout; `cuda_graphs` only when True."""
+        if not doc["cuda_graphs"]:
+            del doc["cuda_graphs"]
         if doc["schema"] == V1:
             doc["timings"] = [{"check_device": t["check_device"], "reference_path": t["reference_path"],
                                "repeats": t["repeats"], "stage_seconds": t["stage_seconds"],
@@ -181,7 +187,7 @@ def _comparable(report) -> list[tuple]:
 
 
 def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes=("real", "pow2"),
-                  progress=None) -> ConformBench:
+                  progress=None, graphs: bool = False) -> ConformBench:
     # deferred: keeps torch out of start-up
     import torch
 
@@ -195,7 +201,7 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        report = run_conformance(pair, source, regimes, device=device, timer=timer)
+        report = run_conformance(pair, source, regimes, device=device, timer=timer, graphs=graphs)
         if cuda:
             torch.cuda.synchronize()
         return report, time.perf_counter() - t0
@@ -220,7 +226,7 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
                 progress(f"{device} staged run {i + 1}/{repeats}: {seconds:.3f} s")
         busy = None
         if torch.device(device).type == "cuda":
-            busy = device_busy_seconds(lambda: run_conformance(pair, source, regimes, device=device))
+            busy = device_busy_seconds(lambda: run_conformance(pair, source, regimes, device=device, graphs=graphs))
             if progress:
                 progress(f"{device} profiled plain run: the GPU busy {busy:.3f} s")
         reports.append(report)
@@ -233,13 +239,14 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
                         sum(u.n_elements for u in first.tiles), first.verdict,
                         tuple(u.n_differing for u in first.tiles),
                         all(_comparable(r) == _comparable(first) for r in reports), tuple(timings),
-                        environment_record())
+                        environment_record(), graphs)
 
 
 def format_table(result: ConformBench) -> str:
     """The plain runs' wall and throughput (what `alibi conform` pays), then the staged runs' wall and its split."""
     lines = [(f"alibi bench conform: {result.kernel_a} vs {result.kernel_b} on {result.source.get('label')}: "
-              f"{result.units} units, {result.output_elements:,} output elements, verdict {result.verdict}"),
+              f"{result.units} units, {result.output_elements:,} output elements, verdict {result.verdict}"
+              + ("; launches replayed from CUDA graphs where the kernels allow" if result.cuda_graphs else "")),
              (f"  {'check device':<12} {'wall s':>7} {'M elem/s':>9} {'spread s':>13}   {'staged s':>8} "
               f"{'M elem/s':>9} {'kernels':>8} {'reference':>9} {'checks':>7} {'io':>7} {'GPU busy':>8}")]
     for t in result.timings:

@@ -170,7 +170,7 @@ class ArmLauncher:
         return (self.refused is None and self.kernel.launches_replayable() and t.a_q.device.type == "cuda"
                 and self.kernel.torch_device().type == "cuda")
 
-    def launch(self, t: Tile, *, accumulator: bool, invariance: bool, graphs: bool = True) -> ArmRun:
+    def launch(self, t: Tile, *, accumulator: bool, invariance: bool, graphs: bool = False) -> ArmRun:
         """The arm's launches on `t`: replayed from its key's graph when there is one, else eagerly (then, with
         `graphs` and a replayable kernel, the key's graph is captured for the next unit)."""
         if not graphs or not self.replayable(t):
@@ -195,8 +195,8 @@ class ArmLauncher:
         return run
 
     def how(self, eager_because: str | None = None) -> str:
-        """How the arm launched, for the report's kernel record: replayed from graphs, or eagerly and why
-        (`eager_because`: why no arm of the run was replayed); '' for a kernel that runs on the CPU."""
+        """How the arm launched in a run that asked for CUDA graphs, for the report's kernel record: replayed from
+        graphs, or eagerly and why (`eager_because`: why no arm of the run could be); '' for a CPU kernel."""
         if self.kernel.torch_device().type != "cuda":
             return ""
         if eager_because is not None:

@@ -245,7 +245,7 @@ def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
 
 # --- units ----------------------------------------------------------------------------------------
 
-def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True, graphs: bool = True,
+def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: bool = True, graphs: bool = False,
              timer: StageTimer | None = None) -> UnitRun:
     """Both arms on one prepared tile under one regime, each on a private copy of the operands; in the real regime
     (with invariance) also on the row subsets and a second time (`alibi.conform.launches`: eagerly, or replayed from
@@ -270,14 +270,14 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
                    {"a": a.evidence, "b": b.evidence}, exposed if scaled else None)
 
 
-def launch_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = True,
+def launch_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = False,
                  timer: StageTimer | None = None) -> list[UnitRun]:
     """`run_unit` on every (prepared tile, regime) of `work`, queued."""
     return [run_unit(pair, prepared, regime, invariance=invariance, graphs=graphs, timer=timer)
             for prepared, regime in work]
 
 
-def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = True,
+def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = False,
               timer: StageTimer | None = None) -> list[UnitRun]:
     """`launch_units`, then one wait for all their launches (`wait_for`: a synchronization per launch, or per unit,
     costs more than a small tile's kernels; a device error is reported naming the kernels and the batch's tiles)."""
@@ -292,7 +292,7 @@ def _tile_names(runs: list[UnitRun]) -> str:
 
 
 def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
-                   ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = True,
+                   ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = False,
                    timer: StageTimer | None = None) -> list[tuple[UnitResult, dict[str, dict[str, Any]]]]:
     """Run both arms on every (prepared tile, regime) of `work`, then apply every check to all of them at once
     (`alibi.conform.judge`). Returns, per unit, its result and the evidence of each arm's launch that produced
@@ -303,7 +303,7 @@ def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
 
 
 def evaluate_unit(pair: Pair, prepared: PreparedTile, regime: str, *,
-                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = True,
+                  ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True, graphs: bool = False,
                   timer: StageTimer | None = None) -> tuple[UnitResult, dict[str, dict[str, Any]]]:
     """`evaluate_units` of one unit."""
     return evaluate_units(pair, [(prepared, regime)], ulp_threshold=ulp_threshold, invariance=invariance,
@@ -336,7 +336,7 @@ def batches(tiles: list[tuple[int, Tile, list[str]]]) -> list[list[tuple[int, Ti
 
 
 def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], device: torch.device, *,
-                     ulp_threshold: int, invariance: bool, graphs: bool = True, timer: StageTimer | None = None
+                     ulp_threshold: int, invariance: bool, graphs: bool = False, timer: StageTimer | None = None
                      ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
     regime, result, evidence) as each batch is judged.
@@ -410,15 +410,15 @@ def _required_checks(units: list[UnitResult]) -> list[str]:
 def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], seed: int | None,
               regimes: Iterable[str], environment: dict[str, Any], created_at: str | None,
               evidence: dict[str, dict[str, Any]], replay: ReplayEvidence | None = None,
-              not_exercised: Iterable[str] = (), eager_because: str | None = None) -> Report:
+              not_exercised: Iterable[str] = (), graphs: bool = False, eager_because: str | None = None) -> Report:
     """Fold unit results into the report. evidence: each arm's evidence of its last producing launch.
 
     replay: a flip analysis of the same pair (`--replay`); check 7 is then judged on it instead of
     being inapplicable on every tile, and the report records which file it used (`replay`).
     not_exercised: for a source that claims to exercise every attribute of a declaration, the attributes it did
     not (`alibi.conform.exercised.unexercised`): a verdict that would pass is then inconclusive, naming each.
-    eager_because: why no arm's launches were replayed from CUDA graphs (None where they could be: each GPU arm's
-    record says how it launched, `alibi.conform.launches.ArmLauncher.how`).
+    graphs: the run asked for CUDA-graph launches; each GPU arm's record then says how it launched
+    (`alibi.conform.launches.ArmLauncher.how`), eager_because: why none could be replayed (None where they could).
     """
     not_exercised = list(not_exercised)
     combined = []
@@ -435,8 +435,9 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
         verdict = ReportVerdict.INCONCLUSIVE
     missing = [c for c in required if not by_name[c].applicable]
     return Report(
-        created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"], eager_because),
-        kernel_b=_kernel_record(pair.b, evidence["b"], eager_because), selection=pair.selection, verdict=verdict,
+        created_at=created_at, kernel_a=_kernel_record(pair.a, evidence["a"], graphs, eager_because),
+        kernel_b=_kernel_record(pair.b, evidence["b"], graphs, eager_because), selection=pair.selection,
+        verdict=verdict,
         equivalence=Equivalence.BITWISE if all(u.bitwise_equal for u in units) else Equivalence.NOT_BITWISE,
         inconclusive_because=(tuple(f"{c}: {by_name[c].detail}" for c in missing) + tuple(not_exercised)
                               if verdict == ReportVerdict.INCONCLUSIVE else ()),
@@ -444,9 +445,10 @@ def summarize(units: list[UnitResult], pair: Pair, *, source: dict[str, Any], se
         environment=environment, replay=None if replay is None else replay.as_dict())
 
 
-def _kernel_record(kernel: Kernel, evidence: dict[str, Any], eager_because: str | None) -> KernelRecord:
+def _kernel_record(kernel: Kernel, evidence: dict[str, Any], graphs: bool, eager_because: str | None
+                   ) -> KernelRecord:
     ok, reason = kernel.available()
-    launches = launcher(kernel).how(eager_because)
+    launches = launcher(kernel).how(eager_because) if graphs else ""
     return KernelRecord(kernel.name, kernel.epilogue.name if kernel.epilogue else None, ok,
                         f"{reason}; {launches}" if launches else reason, evidence)
 
@@ -520,7 +522,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
                     progress: Callable[[int, int, str], None] | None = None,
                     timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
                     device: torch.device | str | None = None, verify_units: bool = False,
-                    computed_elsewhere: int = 0, graphs: bool = True) -> Report:
+                    computed_elsewhere: int = 0, graphs: bool = False) -> Report:
     """The whole procedure over `source` × `regimes`; returns the report.
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
@@ -535,8 +537,8 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     the exact reference, the models and the checks run (default `check_device()`); the bits do not
     depend on it (`alibi bench conform` runs both and compares). A source that claims every attribute is first
     narrowed to what the pair's declarations cover (`alibi.conform.exercised.within_declarations`). graphs: replay
-    each GPU arm's launches from CUDA graphs where its kernel allows (`alibi.conform.launches`; the results are the
-    same bits, the report's kernel records say how each arm launched); False launches every unit eagerly.
+    each GPU arm's launches from CUDA graphs where its kernel allows (`alibi.conform.launches`: the same bits; the
+    report's kernel records then say how each arm launched); off by default: every unit launches eagerly.
     """
     regimes = validate_regimes(regimes)
     source = within_declarations(source, (pair.a, pair.b))
@@ -603,13 +605,11 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
         not_exercised = unexercised(accounting)
     return summarize(units, pair, source=record, seed=seed, regimes=regimes, environment=environment(),
                      created_at=created, evidence=evidence, replay=replay, not_exercised=not_exercised,
-                     eager_because=eager_because(graphs, device))
+                     graphs=graphs, eager_because=eager_because(device))
 
 
-def eager_because(graphs: bool, device: torch.device) -> str | None:
-    """Why no arm of a run replays CUDA graphs (None where GPU arms may): graphs off, or tiles on the host."""
-    if not graphs:
-        return "as asked (CUDA graphs off)"
+def eager_because(device: torch.device) -> str | None:
+    """Why no arm of a run asking for CUDA graphs can replay one (None where GPU arms may): tiles on the host."""
     if device.type != "cuda":
         return f"the check device is {device.type}, so the tiles lie on the host, where a CUDA graph cannot read them"
     return None
@@ -618,7 +618,7 @@ def eager_because(graphs: bool, device: torch.device) -> str | None:
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
-                  progress: Callable[[str], None] | None = None, shard: int | None = None, graphs: bool = True) -> int:
+                  progress: Callable[[str], None] | None = None, shard: int | None = None, graphs: bool = False) -> int:
     """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
     there atomically as it finishes (its digest in this process's ledger first); returns how many were
     computed. The work of one shard (a worker process, a Ray task): a unit's bytes do not depend on which
@@ -666,6 +666,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
 
 
 __all__ = ["REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats", "choose_pair",
-           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code", "launch_units", "prepare",
-           "prepare_tiles", "run_conformance", "run_units", "source_from_dir", "source_from_preset", "source_from_tiles", "start_units",
-           "summarize", "within_declarations"]
+           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code", "launch_units",
+           "prepare", "prepare_tiles", "run_conformance", "run_units", "source_from_dir", "source_from_preset",
+           "source_from_tiles", "start_units", "summarize", "within_declarations"]

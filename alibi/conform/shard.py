@@ -83,6 +83,7 @@ class ShardJob:
     invariance: bool
     threads: int = 0
     quiet: bool = False
+    graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ def run_shard(job: ShardJob) -> int:
     label = f"[worker {job.worker} {job.device}]"
     progress = None if job.quiet else (lambda line: print(f"{label} {line}", file=sys.stderr, flush=True))
     return compute_units(pair, source, job.regimes, job.units_dir, job.tile_indices, ulp_threshold=job.ulp_threshold,
-                         invariance=job.invariance, device=device, progress=progress, shard=job.worker)
+                         invariance=job.invariance, device=device, progress=progress, shard=job.worker,
+                         graphs=job.graphs)
 
 
 def shard_outcome(job: ShardJob) -> ShardOutcome:
@@ -337,14 +339,16 @@ def _run_ray(address: str, make_jobs: Callable[[int, str, int], list[ShardJob]],
 def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceSpec, regimes: Iterable[str],
                 units_dir: str | Path, devices: Iterable[str] | None = None, *, ray_address: str | None = None,
                 ulp_threshold: int, invariance: bool, resume: bool = False, seed: int | None = None,
-                plan_parameters: dict[str, Any] | None = None, source=None, quiet: bool = False) -> ShardRun:
+                plan_parameters: dict[str, Any] | None = None, source=None, quiet: bool = False,
+                graphs: bool = False) -> ShardRun:
     """Compute every unit of the run into `units_dir`, spread over `devices` (worker processes) or over Ray
     tasks (`ray_address`); then `run_conformance(..., units_dir=units_dir, resume=True)` with the same
     arguments assembles the report, computing nothing.
 
     kernel_a/kernel_b: registry names, or both None for the default pair. source: the parent's TileSource
     when it has built one already (else built from `source_spec`); each shard rebuilds it from the spec and
-    checks the digest. resume/seed/plan_parameters: as for `run_conformance`, which this plan must match.
+    checks the digest. resume/seed/plan_parameters: as for `run_conformance`, which this plan must match. graphs:
+    each shard replays its GPU arms' launches from CUDA graphs (`alibi.conform.launches`).
     Raises InputError / KernelUnavailable / WorkerFailed naming the failed worker; finished units stay.
     """
     # deferred: keeps torch out of start-up
@@ -369,7 +373,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
     def make_jobs(n: int, device_of: Callable[[int], str] | str, threads: int) -> list[ShardJob]:
         jobs = [ShardJob(w, device_of if isinstance(device_of, str) else device_of(w), tiles, kernel_a, kernel_b,
                          arms, source_spec, source.resource, regimes, str(units_dir), ulp_threshold, invariance,
-                         threads, quiet)
+                         threads, quiet, graphs)
                 for w, tiles in enumerate(shard_tiles(len(source.tiles), n))]
         # before any shard starts: the run's ledger says which units each shard's ledger may vouch for
         UnitStore(units_dir).assign({j.worker: [unit_id(i, source.tiles[i].name, r) for i in j.tile_indices

@@ -289,7 +289,8 @@ def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict
     return views
 
 
-def packed(tensors: dict[str, torch.Tensor], device: torch.device | str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def packed(tensors: dict[str, torch.Tensor], device: torch.device | str
+           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`tensors` copied onto `device` into one buffer (uint8), each contiguous at an offset aligned to `PACK_ALIGN`
     bytes: the buffer and the views, by name. Host tensors bound for a GPU are packed on the host first, in pinned
     memory, and cross in one asynchronous copy: a copy from pageable memory, one per tensor, would hold the host

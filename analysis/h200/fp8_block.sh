@@ -153,10 +153,10 @@ if want launches; then
   # plain walls (analysis/h200/wall_conform.py), cutlass vs triton, every launch eager against replayed, in turn
   for source in qwen3-1.7b smollm2-135m-full; do
     for round in 1 2; do
-      for eager in 1 0; do
+      for graphs in 0 1; do
         [ "$(left)" -gt 40 ] || break 3
-        line=$(ALIBI_EAGER=$eager timeout 120 python analysis/h200/wall_conform.py cutlass triton cuda 5 --synthetic "$source" 2>&1 | tail -n 1)
-        stamp "wall $source round $round eager=$eager: $line"
+        line=$(ALIBI_GRAPHS=$graphs timeout 120 python analysis/h200/wall_conform.py cutlass triton cuda 5 --synthetic "$source" 2>&1 | tail -n 1)
+        stamp "wall $source round $round graphs=$graphs: $line"
       done
     done
   done

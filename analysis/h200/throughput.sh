@@ -17,6 +17,8 @@
 # in turn twice. A cProfile of the "after" bench closes.
 # THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out; THROUGHPUT_WALLS=0
 # leaves out the walls by wall_conform.py (the benches' own plain walls stay), THROUGHPUT_PROFILE=0 the cProfiles.
+# AFTER_ARGS: options of the "after" commit's bench and conform only (e.g. --cuda-graphs); AFTER_ENV: its walls'
+# environment (e.g. ALIBI_GRAPHS=1).
 # Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
 set -u
 : "${OUT:?}"
@@ -36,7 +38,8 @@ log "before $(cat "$BEFORE_DIR/SOURCE_COMMIT"), after $(cat "$AFTER_DIR/SOURCE_C
 # one side: CODE (before|after) SOURCE_NAME SOURCE_ARGS...
 side() {
   local code=$1 name=$2; shift 2
-  local dir=$AFTER_DIR; [ "$code" = before ] && dir=$BEFORE_DIR
+  local dir=$AFTER_DIR extra=${AFTER_ARGS:-}; [ "$code" = before ] && dir=$BEFORE_DIR extra=
+  set -- "$@" $extra
   local s; s=$(date +%s)
   (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi bench conform --kernel-a "$KA" --kernel-b "$KB" \
      "$@" --repeats 3 --check-devices "${DEVICE:-cuda}" --quiet --out "$R/bench-$code-$name.json" > "$R/bench-$code-$name.txt" 2>&1)
@@ -52,7 +55,8 @@ wall() {  # SOURCE_NAME SOURCE_ARGS...: plain walls (no stage timer) of both com
   for round in 1 2; do
     for code in before after; do
       local dir=$AFTER_DIR; [ "$code" = before ] && dir=$BEFORE_DIR
-      (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python "$AFTER_DIR/analysis/h200/wall_conform.py" "$KA" "$KB" \
+      local env=${AFTER_ENV:-ALIBI_GRAPHS=0}; [ "$code" = before ] && env=ALIBI_GRAPHS=0
+      (cd "$dir" && export "$env" && PYTHONPATH=$dir timeout "$LIMIT" python "$AFTER_DIR/analysis/h200/wall_conform.py" "$KA" "$KB" \
          "${DEVICE:-cuda}" 5 "$@" > "$R/wall-$code-$name-$round.txt" 2>&1)
       log "wall    $code $name round $round rc=$?: $(tail -1 "$R/wall-$code-$name-$round.txt")"
     done

@@ -6,7 +6,7 @@ prints one line.
 
     PYTHONPATH=SRC python analysis/h200/wall_conform.py KERNEL_A KERNEL_B DEVICE REPEATS (--synthetic PRESET | --tiles DIR)
 
-ALIBI_EAGER=1 passes graphs=False (code with CUDA-graph launches, alibi.conform.launches): every launch eager.
+ALIBI_GRAPHS=1 passes graphs=True (code with CUDA-graph launches, alibi.conform.launches): GPU arms replay graphs.
 """
 
 import os
@@ -26,7 +26,7 @@ from alibi.conform.pipeline import (
 kernel_a, kernel_b, device, repeats, kind, value = sys.argv[1:7]
 source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
 pair = choose_pair(kernel_a, kernel_b)
-options = {"graphs": False} if os.environ.get("ALIBI_EAGER") == "1" else {}
+options = {"graphs": True} if os.environ.get("ALIBI_GRAPHS") == "1" else {}
 torch.cuda.synchronize()
 t0 = time.perf_counter()
 run_conformance(pair, source, device=device, **options)
@@ -43,4 +43,4 @@ elements = sum(u.n_elements for u in report.tiles)
 median = statistics.median(walls)
 print(f"plain wall: {len(report.tiles)} units, {elements:,} elements, median {median:.4f} s, "
       f"{elements / median / 1e6:.1f} M el/s over {repeats} runs ({', '.join(f'{w:.4f}' for w in walls)}); "
-      f"warm-up {warmup:.4f} s" + ("; eager launches" if options else ""))
+      f"warm-up {warmup:.4f} s" + ("; CUDA-graph launches" if options else ""))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alibi.conform.launches import launcher
-from alibi.conform.pipeline import Pair, run_conformance, source_from_preset, source_from_tiles
+from alibi.conform.launches import ArmRun, arm_launches, launcher
+from alibi.conform.pipeline import Pair, prepare, run_conformance, source_from_preset, source_from_tiles
+from alibi.kernels.base import packed, packed_views
 from alibi.kernels.catalog import BUILTIN
 from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import TritonInt8Kernel, TruncatingTritonKernel
@@ -49,12 +50,40 @@ def test_only_the_class_that_declares_its_launches_replayable_has_them_replayed(
     assert not any(name.startswith("mutant:") for name in _declaring_builtins())
 
 
-def test_cpu_arms_launch_as_before_and_their_record_adds_nothing():
+def test_cpu_arms_asked_for_graphs_launch_as_before_and_their_record_adds_nothing():
     kernel = get_kernel("torch-cpu")
     report = run_conformance(Pair(kernel, get_kernel("emulator:a_then_w"), "test"),
-                             source_from_preset("tiny"), created_at=None)
+                             source_from_preset("tiny"), created_at=None, graphs=True)
     assert report.kernel_a.how == kernel.available()[1]
     assert launcher(kernel).graphs == {}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def test_an_arm_run_packed_into_one_buffer_comes_back_bit_for_bit():
+    """What a replay hands over: the run's tensors packed into one buffer (as the graph writes them), a copy of the
+    buffer, and the run rebuilt from its views: every tensor (a strided output, the operands, the sub-batches, the
+    second run) with its shape, dtype and bits, the missing ones (no accumulator asked, no bias) missing."""
+    tile = source_from_preset("smollm2-135m-bias", rows=32).tiles[0]
+    t = prepare(tile, torch.device("cpu")).regimes["real"]
+    run = arm_launches(get_kernel("emulator:w_then_a"), t, accumulator=False, invariance=True)
+    run = ArmRun(run.out.t().contiguous().t(), run.acc, run.operands, run.subsets, run.again, run.evidence)
+    assert not run.out.is_contiguous() and run.acc is None and run.subsets and run.again is not None
+    buffer, like = packed(run.tensors(), "cpu")
+    back = run.from_tensors(packed_views(buffer.clone(), like))
+    assert back.acc is None and back.evidence == run.evidence
+    assert [rows for rows, _ in back.subsets] == [rows for rows, _ in run.subsets] == [[0], [14, 15, 16, 17],
+                                                                                        list(range(16, 32))]
+    pairs = [(back.out, run.out), (back.again, run.again)] + [(b, r) for (_, b), (_, r) in zip(back.subsets,
+                                                                                              run.subsets)]
+    pairs += [(back.operands[k], run.operands[k]) for k in run.operands if run.operands[k] is not None]
+    assert sorted(k for k, v in back.operands.items() if v is None) == sorted(
+        k for k, v in run.operands.items() if v is None)
+    for got, want in pairs:
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) and torch.equal(_bits(got), _bits(want))
+    assert back.out.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()  # a copy, not the buffer
 
 
 def _two_layers(fmt: str):
@@ -73,13 +102,14 @@ def test_replayed_launches_give_every_unit_the_bits_and_evidence_of_eager_launch
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
     source = _two_layers(kernel.formats[0])
-    eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, graphs=False, created_at=None)
-    replayed = run_conformance(Pair(kernel, get_kernel(name), "graphs"), source, created_at=None)
+    eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, created_at=None)
+    replayed = run_conformance(Pair(kernel, get_kernel(name), "graphs"), source, created_at=None, graphs=True)
     assert _results(replayed) == _results(eager)
     assert launcher(kernel).refused is None and len(launcher(kernel).graphs) >= 2
     assert "launches captured in a CUDA graph" in replayed.kernel_a.how
-    assert "launched eagerly: as asked" in eager.kernel_a.how
-    again = run_conformance(Pair(kernel, get_kernel(name), "graphs, every unit replayed"), source, created_at=None)
+    assert eager.kernel_a.how == kernel.available()[1]  # without graphs asked, the record is as before
+    again = run_conformance(Pair(kernel, get_kernel(name), "graphs, every unit replayed"), source, created_at=None,
+                            graphs=True)
     assert _results(again) == _results(eager)
 
 
@@ -99,9 +129,8 @@ class HostSyncingTriton(TritonInt8Kernel):
 def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_the_report_says_why():
     source = _two_layers("int8")
     syncing = HostSyncingTriton()
-    report = run_conformance(Pair(syncing, get_kernel("triton"), "test"), source, created_at=None)
-    eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, graphs=False,
-                            created_at=None)
+    report = run_conformance(Pair(syncing, get_kernel("triton"), "test"), source, created_at=None, graphs=True)
+    eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, created_at=None)
     assert report.tiles == eager.tiles
     assert "launched eagerly: its launches could not be captured in a CUDA graph" in report.kernel_a.how
     assert "launches captured in a CUDA graph" in report.kernel_b.how
