@@ -270,25 +270,16 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
                    {"a": a.evidence, "b": b.evidence}, exposed if scaled else None)
 
 
-def launch_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = False,
-                 timer: StageTimer | None = None) -> list[UnitRun]:
-    """`run_unit` on every (prepared tile, regime) of `work`, queued."""
-    return [run_unit(pair, prepared, regime, invariance=invariance, graphs=graphs, timer=timer)
-            for prepared, regime in work]
-
-
 def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = False,
               timer: StageTimer | None = None) -> list[UnitRun]:
-    """`launch_units`, then one wait for all their launches (`wait_for`: a synchronization per launch, or per unit,
-    costs more than a small tile's kernels; a device error is reported naming the kernels and the batch's tiles)."""
-    runs = launch_units(pair, work, invariance=invariance, graphs=graphs, timer=timer)
+    """`run_unit` on every (prepared tile, regime) of `work`, then one wait for all their launches (`wait_for`: a
+    synchronization per launch, or per unit, costs more than a small tile's kernels; a device error is reported
+    naming the kernels and the batch's tiles)."""
+    runs = [run_unit(pair, prepared, regime, invariance=invariance, graphs=graphs, timer=timer)
+            for prepared, regime in work]
     with (timer.stage if timer else _untimed)("kernels"):
-        wait_for([pair.a, pair.b], _tile_names(runs))
+        wait_for([pair.a, pair.b], " or ".join(dict.fromkeys(run.tile.name for run in runs)))
     return runs
-
-
-def _tile_names(runs: list[UnitRun]) -> str:
-    return " or ".join(dict.fromkeys(run.tile.name for run in runs))
 
 
 def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
@@ -341,12 +332,11 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
     regime, result, evidence) as each batch is judged.
 
-    The host and the device overlap: the host queues a batch's launches (`launch_units`) and its checks
-    (`alibi.conform.judge.measure`) without waiting for either, packs the next batch's operands and queues their
-    transfer and exact accumulators (`prepare_tiles`) while the device works; then it waits for the batch's
-    launches (an error the device reports now is the kernels', and says so), collects the batch's numbers and builds
-    its verdicts. A batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process
-    loses no finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
+    The host and the device overlap: while the device works on a batch's checks (queued by
+    `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
+    transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds its verdicts. A
+    batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
+    finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
@@ -357,20 +347,14 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     for k, batch in enumerate(order):
         # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
         work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
-        runs = launch_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
-                            timer=timer)
-        launched = torch.cuda.Event() if device.type == "cuda" else None
-        if launched is not None:
-            launched.record()
+        runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
+                         timer=timer)
         measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
         try:
             ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
         except Exception:
-            wait_for([pair.a, pair.b], _tile_names(runs), launched)
             yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error ends it
             raise
-        with stage("kernels"):
-            wait_for([pair.a, pair.b], _tile_names(runs), launched)
         yield from _judged(work, runs, measurements, stage)
 
 
@@ -666,6 +650,6 @@ def exit_code(report: Report, strict: bool = False) -> int:
 
 
 __all__ = ["REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats", "choose_pair",
-           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code", "launch_units",
+           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code",
            "prepare", "prepare_tiles", "run_conformance", "run_units", "source_from_dir", "source_from_preset",
            "source_from_tiles", "start_units", "summarize", "within_declarations"]

@@ -249,18 +249,14 @@ def raised_as_kernel_failure(kernel: str, tile: str, *, when: str = "raised") ->
                            f"{one_line(str(exc))[:300]}") from exc
 
 
-def wait_for(kernels: list[Kernel], tile: str, launched: torch.cuda.Event | None = None) -> None:
-    """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`: for the whole device, or
-    for the event `launched` recorded right after them (work queued later may still run). An error the device
+def wait_for(kernels: list[Kernel], tile: str) -> None:
+    """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`. An error the device
     reports now is one of theirs: `KernelRaised` names them all, since the device does not say which launch
     failed (`alibi identify --kernel K` runs one alone)."""
     if any(k.torch_device().type == "cuda" for k in kernels) and torch.cuda.is_available():
         names = " or ".join(repr(name) for name in dict.fromkeys(k.name for k in kernels))
         with raised_as_kernel_failure(names, tile, when="failed on the GPU (reported when waiting for its launches)"):
-            if launched is None:
-                torch.cuda.synchronize()
-            else:
-                launched.synchronize()
+            torch.cuda.synchronize()
 
 
 OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")

@@ -367,7 +367,7 @@ def test_a_fresh_run_that_fails_before_its_first_unit_removes_its_units_folder(t
     def broken(*a, **k):
         raise InputError("the kernel failed")
 
-    monkeypatch.setattr(conform, "launch_units", broken)
+    monkeypatch.setattr(conform, "run_units", broken)
     out = tmp_path / "a" / "b" / "report"
     assert main(["conform", *EMU, "--synthetic", "tiny", "--out", str(out)]) == 2
     assert list(tmp_path.iterdir()) == []
