@@ -135,3 +135,14 @@ def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_th
     assert "launched eagerly: its launches could not be captured in a CUDA graph" in report.kernel_a.how
     assert "launches captured in a CUDA graph" in report.kernel_b.how
     torch.randn(8, device="cuda")  # the failed capture left the device's generator usable
+
+
+def test_conform_with_cuda_graphs_on_cpu_kernels_writes_the_report_it_writes_without(tmp_path):
+    from alibi.cli import main
+    from alibi.conform.results import Report
+
+    args = ["conform", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "eager")]) == 0
+    assert main([*args, "--cuda-graphs", "--out", str(tmp_path / "graphs")]) == 0
+    eager, graphs = (Report.from_json((tmp_path / d / "report.json").read_text()) for d in ("eager", "graphs"))
+    assert graphs.tiles == eager.tiles and graphs.kernel_a == eager.kernel_a and graphs.kernel_b == eager.kernel_b
