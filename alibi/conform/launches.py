@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from alibi.errors import InputError, one_line
+from alibi.exact.fp8_block import LAYOUT_KEY
 from alibi.exact.numerics import dtype_name
 from alibi.kernels.base import Kernel, operands, packed, packed_views, private_copy
 from alibi.kernels.graphs import captured
-from alibi.exact.fp8_block import LAYOUT_KEY
 from alibi.tiles.tile import Tile
 
 SUB_BATCH_SIZES = (1, 4, 16)

@@ -61,7 +61,7 @@ from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
 from alibi.exact.emulator import exact_accumulator
-from alibi.exact.numerics import dtype_name, pow2_round
+from alibi.exact.numerics import pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
