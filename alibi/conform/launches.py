@@ -36,7 +36,16 @@ import torch
 from alibi.errors import InputError, one_line
 from alibi.exact.fp8_block import LAYOUT_KEY
 from alibi.exact.numerics import dtype_name
-from alibi.kernels.base import Kernel, operands, packed, packed_views, private_copy
+from alibi.kernels.base import (
+    Kernel,
+    buffer_groups,
+    operands,
+    packed,
+    packed_views,
+    placed_like,
+    private_copy,
+    whole_buffer,
+)
 from alibi.kernels.graphs import captured
 from alibi.tiles.tile import Tile
 
@@ -116,42 +125,59 @@ def arm_launches(kernel: Kernel, t: Tile, *, accumulator: bool, invariance: bool
 
 
 def launch_key(t: Tile, accumulator: bool, invariance: bool) -> tuple:
-    """What fixes an arm's launches on `t`: its operands' layout, scale layout and output dtype, and which runs."""
-    layout = tuple((k, v.dtype, tuple(v.shape), v.stride()) for k, v in operands(t).items() if v is not None)
-    return layout, t.meta.get(LAYOUT_KEY), t.out_dtype, accumulator, invariance
+    """What fixes an arm's launches on `t`: its operands' layout (and how they share buffers: `buffer_groups`),
+    scale layout and output dtype, and which runs."""
+    present = {k: v for k, v in operands(t).items() if v is not None}
+    layout = tuple((k, v.dtype, tuple(v.shape), v.stride()) for k, v in present.items())
+    sharing = []
+    for keys, whole in buffer_groups(present):
+        if whole:
+            nbytes = present[keys[0]].untyped_storage().nbytes()
+            sharing.append((nbytes, tuple((k, present[k].storage_offset()) for k in keys)))
+    return layout, tuple(sharing), t.meta.get(LAYOUT_KEY), t.out_dtype, accumulator, invariance
 
 
 @dataclass
 class ArmGraph:
-    """An arm's launches for one launch key, captured: the operand tensors the graph reads (`inputs`), the buffer
-    it writes its outputs into and their views at capture (`buffer`, `like`), and the eager run's structure
-    (`template`: its rows, evidence and which outputs exist)."""
+    """An arm's launches for one launch key, captured: the buffers the graph reads its operands from, each with the
+    names it holds and whether it is a whole shared buffer (`inputs`, as `buffer_groups` groups a tile of the key),
+    the buffer it writes its outputs into and their views at capture (`buffer`, `like`), and the eager run's
+    structure (`template`: its rows, evidence and which outputs exist)."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: dict[str, torch.Tensor]
+    inputs: list[tuple[list[str], bool, torch.Tensor]]
     buffer: torch.Tensor
     like: dict[str, torch.Tensor]
     template: ArmRun
 
     @classmethod
     def capture(cls, kernel: Kernel, t: Tile, pool: object, *, accumulator: bool, invariance: bool) -> ArmGraph:
-        inputs = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-                  for k, v in operands(t).items() if v is not None}
-        static = t.replace(**inputs)
+        present = {k: v for k, v in operands(t).items() if v is not None}
+        inputs, static = [], {}
+        for keys, whole in buffer_groups(present):
+            v = present[keys[0]]
+            if whole:
+                buffer = torch.empty(v.untyped_storage().nbytes(), dtype=torch.uint8, device=v.device)
+                static.update((k, placed_like(buffer, present[k])) for k in keys)
+            else:
+                buffer = static[keys[0]] = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+            inputs.append((keys, whole, buffer))
+        static_tile = t.replace(**static)
 
         def record() -> tuple[ArmRun, torch.Tensor, dict[str, torch.Tensor]]:
-            run = arm_launches(kernel, static, accumulator=accumulator, invariance=invariance)
-            return (run, *packed(run.tensors(), static.a_q.device))
+            run = arm_launches(kernel, static_tile, accumulator=accumulator, invariance=invariance)
+            return (run, *packed(run.tensors(), static_tile.a_q.device))
         graph, (run, buffer, like) = captured(record, t.a_q.device, pool)
         # the template holds the buffer's views, not the launches' own tensors: those go back to the pool, whose
         # next capture reuses them
         return cls(graph, inputs, buffer, like, run.from_tensors(like))
 
     def replay(self, t: Tile) -> ArmRun:
-        """The arm's launches on `t` (of this graph's key): its operands copied in, the graph replayed, what it
-        wrote copied out."""
-        for k, v in self.inputs.items():
-            v.copy_(getattr(t, k))
+        """The arm's launches on `t` (of this graph's key): its operands copied in (a shared buffer in one copy),
+        the graph replayed, what it wrote copied out."""
+        for keys, whole, buffer in self.inputs:
+            v = getattr(t, keys[0])
+            buffer.copy_(whole_buffer(v) if whole else v)
         self.graph.replay()
         run = self.template.from_tensors(packed_views(self.buffer.clone(), self.like))
         return replace(run, evidence=dict(run.evidence))

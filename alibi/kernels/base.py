@@ -307,33 +307,50 @@ def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[s
     return packed(tensors, device)[1]
 
 
+def buffer_groups(present: dict[str, torch.Tensor]) -> list[tuple[list[str], bool]]:
+    """The names of `present` grouped by the buffer (storage) their tensors lie in, each group with whether it is
+    copied as its whole buffer: tensors that fill a buffer between them (a `pack`ed tile's operands, or all but a
+    regime's own scales of one) are, one copy keeping each in its place; a tensor alone in its buffer, or in a
+    buffer much larger than the group, is copied by itself (a group of one each)."""
+    by_buffer: dict[tuple[torch.device, int], list[str]] = {}
+    for k, v in present.items():
+        by_buffer.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(k)
+    groups: list[tuple[list[str], bool]] = []
+    for keys in by_buffer.values():
+        filled = sum(_aligned_bytes(present[k]) for k in keys)
+        if len(keys) > 1 and present[keys[0]].untyped_storage().nbytes() <= filled + filled // 8:
+            groups.append((keys, True))
+        else:
+            groups.extend(([k], False) for k in keys)
+    return groups
+
+
+def whole_buffer(t: torch.Tensor) -> torch.Tensor:
+    """The whole buffer (storage) `t` lies in, as uint8."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def placed_like(buffer: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """A tensor in `buffer` (a whole buffer, uint8) where `t` lies in its own: same offset, shape and strides."""
+    return torch.empty(0, dtype=t.dtype, device=buffer.device).set_(
+        buffer.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 def private_copy(tile: Tile, device: torch.device | str | None = None) -> Tile:
     """`tile` with every operand cloned (onto `device` when given): an arm that writes into its
-    inputs cannot change what the other arm, or a later check, sees.
-
-    Operands that share one buffer which they fill between them (a `pack`ed tile's, or all but a regime's own
-    scales of one) are copied with one copy of the whole buffer, each keeping its place, shape and strides in the
-    copy; an operand alone in its buffer, or a view of a buffer much larger than the operands in it, is cloned
-    by itself."""
+    inputs cannot change what the other arm, or a later check, sees. Operands that fill one buffer between them
+    are copied with one copy of the buffer, each keeping its place, shape and strides (`buffer_groups`)."""
     def copy(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True) if device is not None else t.clone()
 
     present = {k: v for k, v in operands(tile).items() if v is not None}
-    by_buffer: dict[tuple[torch.device, int], list[str]] = {}
-    for k, v in present.items():
-        by_buffer.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(k)
     copies: dict[str, torch.Tensor] = {}
-    for keys in by_buffer.values():
-        storage = present[keys[0]].untyped_storage()
-        filled = sum(_aligned_bytes(present[k]) for k in keys)
-        if len(keys) == 1 or storage.nbytes() > filled + filled // 8:
+    for keys, whole in buffer_groups(present):
+        if whole:
+            buffer = copy(whole_buffer(present[keys[0]]))
+            copies.update((k, placed_like(buffer, present[k])) for k in keys)
+        else:
             copies.update((k, copy(present[k])) for k in keys)
-            continue
-        whole = copy(torch.empty(0, dtype=torch.uint8, device=present[keys[0]].device).set_(storage))
-        for k in keys:
-            v = present[k]
-            copies[k] = torch.empty(0, dtype=v.dtype, device=whole.device).set_(
-                whole.untyped_storage(), v.storage_offset(), v.shape, v.stride())
     return tile.replace(**copies)
 
 

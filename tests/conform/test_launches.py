@@ -86,6 +86,26 @@ def test_an_arm_run_packed_into_one_buffer_comes_back_bit_for_bit():
     assert back.out.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()  # a copy, not the buffer
 
 
+def test_tiles_of_one_shape_share_a_launch_key_and_their_layout_in_a_shared_buffer_is_part_of_it():
+    """A graph copies a tile's shared buffer in with one copy, so tiles whose operands lie at other places in their
+    buffer (the pow2 regime's own scales), or in buffers of their own, need graphs of their own."""
+    from alibi.conform.launches import launch_key
+    from alibi.kernels.base import buffer_groups, operands
+
+    first, second = (prepare(tile, torch.device("cpu"), regimes=("real", "pow2"))
+                     for tile in source_from_preset("smollm2-135m-bias", rows=16).tiles[4:6])  # gate, up
+    real, pow2 = first.regimes["real"], first.regimes["pow2"]
+    assert launch_key(real, True, True) == launch_key(second.regimes["real"], True, True)
+    assert launch_key(pow2, False, False) == launch_key(second.regimes["pow2"], False, False)
+    assert launch_key(real, False, False) != launch_key(pow2, False, False)
+    assert launch_key(real, False, False) != launch_key(real, True, False) != launch_key(real, True, True)
+    present = {k: v for k, v in operands(real).items() if v is not None}
+    assert buffer_groups(present) == [(list(present), True)]  # every operand in one buffer: one copy
+    apart = real.replace(**{k: v.clone() for k, v in present.items()})  # the same operands, each in its own buffer
+    assert buffer_groups({k: getattr(apart, k) for k in present}) == [([k], False) for k in present]
+    assert launch_key(apart, False, False) != launch_key(real, False, False)
+
+
 def _two_layers(fmt: str):
     return source_from_tiles(source_from_preset(PRESET_OF_FORMAT[fmt]).tiles[:14])
 
