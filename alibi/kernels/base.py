@@ -276,11 +276,23 @@ def _aligned_bytes(t: torch.Tensor) -> int:
     return -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
 
 
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The views of `buffer` (uint8) that `packed` placed tensors like `present` (shapes, dtypes, order) at."""
-    views, offset = {}, 0
+    """The views of `buffer` (uint8, whole, a multiple of `PACK_ALIGN` bytes) that `packed` placed tensors like
+    `present` (shapes, dtypes, order) at, each contiguous: one view of the buffer per dtype, one strided view of
+    that per tensor (a replay builds these for every unit: `alibi.conform.launches`)."""
+    views, offset, typed = {}, 0, {}
     for k, v in present.items():
-        views[k] = buffer[offset:offset + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+        if v.dtype not in typed:
+            typed[v.dtype] = buffer.view(v.dtype)
+        views[k] = typed[v.dtype].as_strided(v.shape, _contiguous_strides(v.shape), offset // v.element_size())
         offset += _aligned_bytes(v)
     return views
 

@@ -151,7 +151,8 @@ if want launches; then
     > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
   tail -n 12 "$R/pytest-gpu-launches.txt" >> "$OUT/summary.txt"
   # plain walls (analysis/h200/wall_conform.py), cutlass vs triton, every launch eager against replayed, in turn
-  for source in qwen3-1.7b smollm2-135m-full; do
+  # (LAUNCH_WALLS=0 leaves them out)
+  [ "${LAUNCH_WALLS:-1}" = 1 ] && for source in qwen3-1.7b smollm2-135m-full; do
     for round in 1 2; do
       for graphs in 0 1; do
         [ "$(left)" -gt 40 ] || break 3

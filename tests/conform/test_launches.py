@@ -15,9 +15,11 @@ from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import TritonInt8Kernel, TruncatingTritonKernel
 from alibi.tiles.tile import BLOCK_FORMAT
 
-# Tiles of two layers, so every launch key (the seven projections, gate and up sharing one) comes twice: the first
-# unit of a key runs eagerly and is captured, the second replays.
+# A SmolLM2 layer's tiles in the kernel's format (and scale layout), twice with other values: every launch key (the
+# seven projections, gate and up sharing one) comes at least twice; the first unit of a key runs eagerly and is
+# captured, the later ones replay.
 PRESET_OF_FORMAT = {"int8": "smollm2-135m-bias", "fp8_e4m3": "smollm2-135m-fp8", BLOCK_FORMAT: "smollm2-135m-fp8-block"}
+TENSORWISE_PRESET = "smollm2-135m-fp8-tensor"
 
 
 def _declaring_builtins() -> list[str]:
@@ -106,8 +108,11 @@ def test_tiles_of_one_shape_share_a_launch_key_and_their_layout_in_a_shared_buff
     assert launch_key(apart, False, False) != launch_key(real, False, False)
 
 
-def _two_layers(fmt: str):
-    return source_from_tiles(source_from_preset(PRESET_OF_FORMAT[fmt]).tiles[:14])
+def _two_layers(kernel):
+    preset = TENSORWISE_PRESET if getattr(kernel, "tensorwise", False) else PRESET_OF_FORMAT[kernel.formats[0]]
+    first, second = (source_from_preset(preset, seed=seed).tiles for seed in (0, 1))
+    assert len(first) == 7 and first[0].a_q.data_ptr() != second[0].a_q.data_ptr()
+    return source_from_tiles([*first, *(t.replace(name=t.name.replace("layers.0.", "layers.1.")) for t in second)])
 
 
 def _results(report):
@@ -121,7 +126,7 @@ def test_replayed_launches_give_every_unit_the_bits_and_evidence_of_eager_launch
     ok, why = kernel.available()
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
-    source = _two_layers(kernel.formats[0])
+    source = _two_layers(kernel)
     eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, created_at=None)
     replayed = run_conformance(Pair(kernel, get_kernel(name), "graphs"), source, created_at=None, graphs=True)
     assert _results(replayed) == _results(eager)
@@ -147,7 +152,7 @@ class HostSyncingTriton(TritonInt8Kernel):
 
 @pytest.mark.gpu
 def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_the_report_says_why():
-    source = _two_layers("int8")
+    source = _two_layers(get_kernel("triton"))
     syncing = HostSyncingTriton()
     report = run_conformance(Pair(syncing, get_kernel("triton"), "test"), source, created_at=None, graphs=True)
     eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, created_at=None)
