@@ -20,7 +20,8 @@ run() {  # LABEL SIDE ARGS...
   (cd /tmp/src-$side && PYTHONPATH=/tmp/src-$side timeout 120 python -m alibi conform --kernel-a "${KA:-cutlass}" \
      --kernel-b "${KB:-triton}" --synthetic "${PRESET:-qwen3-1.7b}" --rows 512 "$@" --quiet --out "$R/$label" \
      > "$R/$label.txt" 2>&1)
-  echo "$label ($(cat /tmp/src-$side/SOURCE_COMMIT | cut -c1-7)): rc $?"
+  local rc=$?
+  echo "$label ($(cut -c1-7 /tmp/src-$side/SOURCE_COMMIT)): rc $rc"
 }
 for i in $(seq "${REPEATS:-2}"); do
   run "after-eager-$i" after
