@@ -285,14 +285,15 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The views of `buffer` (uint8, whole, a multiple of `PACK_ALIGN` bytes) that `packed` placed tensors like
+    """The views of `buffer` (uint8, a multiple of `PACK_ALIGN` bytes) that `packed` placed tensors like
     `present` (shapes, dtypes, order) at, each contiguous: one view of the buffer per dtype, one strided view of
     that per tensor (a replay builds these for every unit: `alibi.conform.launches`)."""
     views, offset, typed = {}, 0, {}
     for k, v in present.items():
         if v.dtype not in typed:
             typed[v.dtype] = buffer.view(v.dtype)
-        views[k] = typed[v.dtype].as_strided(v.shape, _contiguous_strides(v.shape), offset // v.element_size())
+        start = typed[v.dtype].storage_offset() + offset // v.element_size()
+        views[k] = typed[v.dtype].as_strided(v.shape, _contiguous_strides(v.shape), start)
         offset += _aligned_bytes(v)
     return views
 

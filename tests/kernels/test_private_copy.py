@@ -98,3 +98,16 @@ def test_a_prepared_tile_holds_the_pow2_regimes_scales_in_its_buffer_so_each_reg
         c = private_copy(t)
         assert len(buffers(c)) == 1
         assert_same_operands_elsewhere(c, t)
+
+
+def test_packed_views_read_each_tensor_back_whatever_its_dtype_and_wherever_the_buffer_starts():
+    from alibi.kernels.base import packed, packed_views
+
+    tensors = {"f32": torch.randn(3, 5), "i8": torch.arange(7, dtype=torch.int8),
+               "bf16": torch.randn(4).to(torch.bfloat16), "i64": torch.arange(6, dtype=torch.int64).reshape(2, 3)}
+    buffer, views = packed(tensors, "cpu")
+    inside = torch.zeros(buffer.numel() + 512, dtype=torch.uint8)
+    inside[512:].copy_(buffer)  # the same bytes, 512 bytes into a larger buffer
+    for found in (views, packed_views(inside[512:], tensors)):
+        for k, v in tensors.items():
+            assert found[k].dtype == v.dtype and found[k].is_contiguous() and torch.equal(found[k], v), k
