@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--check-devices", default=None,
                    help="where the reference and checks run, comma-separated: cuda, cpu (default: cuda,cpu with a "
                         "GPU, else cpu)")
-    c.add_argument("--cuda-graphs", action="store_true",
-                   help="replay each GPU arm's launches from CUDA graphs, as `alibi conform --cuda-graphs` does")
+    c.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay each GPU arm's launches from CUDA graphs, as `alibi conform` does (default on; "
+                        "--no-cuda-graphs: every launch eager)")
     c.add_argument("--out", type=Path, default=Path("alibi-bench-conform.json"), help="JSON result")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=run_conform)

@@ -53,10 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     shard.add_argument("--ray", metavar="ADDRESS",
                        help="shard the units as Ray tasks on the cluster at ADDRESS (local: a Ray started here); "
                             "needs the ray extra and --out on a file system every node shares")
-    p.add_argument("--cuda-graphs", action="store_true",
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="on a GPU, record each arm's launches once per tile layout in a CUDA graph and replay them "
                         "(kernels that declare their launches replayable; the bits are the same, the report says how "
-                        "each arm launched)")
+                        "each arm launched; default on; --no-cuda-graphs launches every unit eagerly)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run, interrupted=_interrupted)
 

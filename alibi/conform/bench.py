@@ -187,7 +187,7 @@ def _comparable(report) -> list[tuple]:
 
 
 def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes=("real", "pow2"),
-                  progress=None, graphs: bool = False) -> ConformBench:
+                  progress=None, graphs: bool = True) -> ConformBench:
     # deferred: keeps torch out of start-up
     import torch
 

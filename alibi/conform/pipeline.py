@@ -506,7 +506,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
                     progress: Callable[[int, int, str], None] | None = None,
                     timer: StageTimer | None = None, plan_parameters: dict[str, Any] | None = None,
                     device: torch.device | str | None = None, verify_units: bool = False,
-                    computed_elsewhere: int = 0, graphs: bool = False) -> Report:
+                    computed_elsewhere: int = 0, graphs: bool = True) -> Report:
     """The whole procedure over `source` × `regimes`; returns the report.
 
     units_dir: keep each unit there as it finishes (atomically), with the run's plan; resume: continue
@@ -522,7 +522,7 @@ def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REG
     depend on it (`alibi bench conform` runs both and compares). A source that claims every attribute is first
     narrowed to what the pair's declarations cover (`alibi.conform.exercised.within_declarations`). graphs: replay
     each GPU arm's launches from CUDA graphs where its kernel allows (`alibi.conform.launches`: the same bits; the
-    report's kernel records then say how each arm launched); off by default: every unit launches eagerly.
+    report's kernel records say how each arm launched); False launches every unit eagerly.
     """
     regimes = validate_regimes(regimes)
     source = within_declarations(source, (pair.a, pair.b))
@@ -602,7 +602,7 @@ def eager_because(device: torch.device) -> str | None:
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
-                  progress: Callable[[str], None] | None = None, shard: int | None = None, graphs: bool = False) -> int:
+                  progress: Callable[[str], None] | None = None, shard: int | None = None, graphs: bool = True) -> int:
     """Compute every unit of the tiles at `tile_indices` that `units_dir` does not hold yet, and keep each
     there atomically as it finishes (its digest in this process's ledger first); returns how many were
     computed. The work of one shard (a worker process, a Ray task): a unit's bytes do not depend on which

@@ -83,7 +83,7 @@ class ShardJob:
     invariance: bool
     threads: int = 0
     quiet: bool = False
-    graphs: bool = False
+    graphs: bool = True
 
 
 @dataclass(frozen=True)
@@ -340,7 +340,7 @@ def run_sharded(kernel_a: str | None, kernel_b: str | None, source_spec: SourceS
                 units_dir: str | Path, devices: Iterable[str] | None = None, *, ray_address: str | None = None,
                 ulp_threshold: int, invariance: bool, resume: bool = False, seed: int | None = None,
                 plan_parameters: dict[str, Any] | None = None, source=None, quiet: bool = False,
-                graphs: bool = False) -> ShardRun:
+                graphs: bool = True) -> ShardRun:
     """Compute every unit of the run into `units_dir`, spread over `devices` (worker processes) or over Ray
     tasks (`ray_address`); then `run_conformance(..., units_dir=units_dir, resume=True)` with the same
     arguments assembles the report, computing nothing.

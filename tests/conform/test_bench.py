@@ -122,11 +122,11 @@ def test_on_the_gpu_a_run_checked_on_the_device_gives_the_results_of_one_checked
 def test_a_result_of_replayed_launches_says_so_and_one_without_keeps_the_earlier_layout(tmp_path, capsys):
     out = tmp_path / "g.json"
     assert main(["bench", "conform", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w", "--synthetic",
-                 "tiny", "--repeats", "1", "--check-devices", "cpu", "--cuda-graphs", "--quiet", "--out", str(out)]) == 0
+                 "tiny", "--repeats", "1", "--check-devices", "cpu", "--quiet", "--out", str(out)]) == 0  # the default
     assert json.loads(out.read_text())["cuda_graphs"] is True
     assert ConformBench.from_json(out.read_text()).cuda_graphs is True
     assert "launches replayed from CUDA graphs" in capsys.readouterr().out
     plain = bench_conform(Pair(get_kernel("torch-cpu"), get_kernel("emulator:a_then_w"), "bench test"),
-                          source_from_preset("tiny"), devices=["cpu"], repeats=1)
+                          source_from_preset("tiny"), devices=["cpu"], repeats=1, graphs=False)
     assert "cuda_graphs" not in json.loads(plain.to_json())  # as every result written before the option
     assert ConformBench.from_json(plain.to_json()).cuda_graphs is False

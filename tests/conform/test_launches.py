@@ -127,7 +127,7 @@ def test_replayed_launches_give_every_unit_the_bits_and_evidence_of_eager_launch
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
     source = _two_layers(kernel)
-    eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, created_at=None)
+    eager = run_conformance(Pair(get_kernel(name), get_kernel(name), "eager"), source, created_at=None, graphs=False)
     replayed = run_conformance(Pair(kernel, get_kernel(name), "graphs"), source, created_at=None, graphs=True)
     assert _results(replayed) == _results(eager)
     assert launcher(kernel).refused is None and len(launcher(kernel).graphs) >= 2
@@ -155,7 +155,8 @@ def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_th
     source = _two_layers(get_kernel("triton"))
     syncing = HostSyncingTriton()
     report = run_conformance(Pair(syncing, get_kernel("triton"), "test"), source, created_at=None, graphs=True)
-    eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, created_at=None)
+    eager = run_conformance(Pair(HostSyncingTriton(), get_kernel("triton"), "test"), source, created_at=None,
+                            graphs=False)
     assert report.tiles == eager.tiles
     assert "launched eagerly: its launches could not be captured in a CUDA graph" in report.kernel_a.how
     assert "launches captured in a CUDA graph" in report.kernel_b.how
@@ -167,7 +168,7 @@ def test_conform_with_cuda_graphs_on_cpu_kernels_writes_the_report_it_writes_wit
     from alibi.conform.results import Report
 
     args = ["conform", "--kernel-a", "torch-cpu", "--kernel-b", "emulator:a_then_w", "--synthetic", "tiny", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "eager")]) == 0
-    assert main([*args, "--cuda-graphs", "--out", str(tmp_path / "graphs")]) == 0
+    assert main([*args, "--no-cuda-graphs", "--out", str(tmp_path / "eager")]) == 0
+    assert main([*args, "--out", str(tmp_path / "graphs")]) == 0  # graphs are the default
     eager, graphs = (Report.from_json((tmp_path / d / "report.json").read_text()) for d in ("eager", "graphs"))
     assert graphs.tiles == eager.tiles and graphs.kernel_a == eager.kernel_a and graphs.kernel_b == eager.kernel_b
