@@ -5,7 +5,8 @@
 # times with --cuda-graphs, each in a process of its own; then every report's results against the first "after"
 # eager one, naming each unit field that differs.
 #   REPEATS=2 bash analysis/h200/repeat_reports.sh          (results: $OUT/repeat-reports/)
-# (KA, KB, PRESET: another pair or preset, e.g. to try the script on a machine without a GPU)
+# (KA, KB, PRESET: another pair or preset, e.g. to try the script on a machine without a GPU; EAGER_ARGS: how the
+# "after" commit is told to launch eagerly, --no-cuda-graphs, or nothing for a commit where eager is the default)
 set -u
 : "${OUT:?}"
 R=$OUT/repeat-reports
@@ -24,7 +25,7 @@ run() {  # LABEL SIDE ARGS...
   echo "$label ($(cut -c1-7 /tmp/src-$side/SOURCE_COMMIT)): rc $rc"
 }
 for i in $(seq "${REPEATS:-2}"); do
-  run "after-eager-$i" after
+  run "after-eager-$i" after ${EAGER_ARGS:---no-cuda-graphs}
   run "after-graphs-$i" after --cuda-graphs
   run "before-$i" before
 done
