@@ -41,9 +41,9 @@ from alibi.kernels.base import (
     buffer_groups,
     operands,
     packed,
-    packed_views,
     placed_like,
     private_copy,
+    views_like,
     whole_buffer,
 )
 from alibi.kernels.graphs import captured
@@ -179,7 +179,7 @@ class ArmGraph:
             v = getattr(t, keys[0])
             buffer.copy_(whole_buffer(v) if whole else v)
         self.graph.replay()
-        run = self.template.from_tensors(packed_views(self.buffer.clone(), self.like))
+        run = self.template.from_tensors(views_like(self.buffer.clone(), self.like))
         return replace(run, evidence=dict(run.evidence))
 
 

@@ -298,6 +298,19 @@ def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict
     return views
 
 
+def views_like(buffer: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of `buffer` (uint8, starting its storage) placed as `like`'s lie in theirs: each with the dtype,
+    shape, strides and offset of its namesake, views of a buffer of the same size (a copy of it: `packed`'s views
+    of the copy). One view of `buffer` per dtype, one strided view of that per tensor."""
+    typed: dict[torch.dtype, torch.Tensor] = {}
+    views = {}
+    for k, v in like.items():
+        if v.dtype not in typed:
+            typed[v.dtype] = buffer.view(v.dtype)
+        views[k] = typed[v.dtype].as_strided(v.shape, v.stride(), v.storage_offset())
+    return views
+
+
 def packed(tensors: dict[str, torch.Tensor], device: torch.device | str
            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`tensors` copied onto `device` into one buffer (uint8), each contiguous at an offset aligned to `PACK_ALIGN`

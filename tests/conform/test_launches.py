@@ -9,7 +9,7 @@ import torch
 
 from alibi.conform.launches import ArmRun, arm_launches, launcher
 from alibi.conform.pipeline import Pair, prepare, run_conformance, source_from_preset, source_from_tiles
-from alibi.kernels.base import packed, packed_views
+from alibi.kernels.base import packed, views_like
 from alibi.kernels.catalog import BUILTIN
 from alibi.kernels.registry import get_kernel
 from alibi.kernels.triton_int8 import TritonInt8Kernel, TruncatingTritonKernel
@@ -74,7 +74,7 @@ def test_an_arm_run_packed_into_one_buffer_comes_back_bit_for_bit():
     run = ArmRun(run.out.t().contiguous().t(), run.acc, run.operands, run.subsets, run.again, run.evidence)
     assert not run.out.is_contiguous() and run.acc is None and run.subsets and run.again is not None
     buffer, like = packed(run.tensors(), "cpu")
-    back = run.from_tensors(packed_views(buffer.clone(), like))
+    back = run.from_tensors(views_like(buffer.clone(), like))  # as a replay rebuilds it
     assert back.acc is None and back.evidence == run.evidence
     assert [rows for rows, _ in back.subsets] == [rows for rows, _ in run.subsets] == [[0], [14, 15, 16, 17],
                                                                                         list(range(16, 32))]
