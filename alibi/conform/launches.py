@@ -16,8 +16,8 @@ not do; their result is that unit's), then the capture records the same launches
 whose class does not declare its launches replayable, or whose capture fails (it synchronizes with the host,
 say), launches eagerly, and the report's kernel record says which and why (`ArmLauncher.how`). A replay makes
 on the device exactly the launches the eager path makes, so every unit's result is to be the same bit for bit:
-tests/conform/test_launches.py holds every declaring built-in kernel to that on a GPU. The pipeline replays only
-when asked (`run_conformance(..., graphs=True)`, `alibi conform --cuda-graphs`).
+tests/conform/test_launches.py holds every declaring built-in kernel to that on a GPU. The pipeline replays unless
+told not to (`run_conformance(..., graphs=False)`, `alibi conform --no-cuda-graphs`).
 
 Graphs are kept per kernel instance while it lives (`launcher`), at most `GRAPH_BYTES` of output buffers each
 (the least recently used graph goes first), all of one kernel's graphs in one memory pool: one capture's scratch

@@ -276,24 +276,11 @@ def _aligned_bytes(t: torch.Tensor) -> int:
     return -(-t.numel() * t.element_size() // PACK_ALIGN) * PACK_ALIGN
 
 
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def packed_views(buffer: torch.Tensor, present: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The views of `buffer` (uint8, a multiple of `PACK_ALIGN` bytes) that `packed` placed tensors like
-    `present` (shapes, dtypes, order) at, each contiguous: one view of the buffer per dtype, one strided view of
-    that per tensor (a replay builds these for every unit: `alibi.conform.launches`)."""
-    views, offset, typed = {}, 0, {}
+    """The views of `buffer` (uint8) that `packed` placed tensors like `present` (shapes, dtypes, order) at."""
+    views, offset = {}, 0
     for k, v in present.items():
-        if v.dtype not in typed:
-            typed[v.dtype] = buffer.view(v.dtype)
-        start = typed[v.dtype].storage_offset() + offset // v.element_size()
-        views[k] = typed[v.dtype].as_strided(v.shape, _contiguous_strides(v.shape), start)
+        views[k] = buffer[offset:offset + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
         offset += _aligned_bytes(v)
     return views
 
@@ -321,11 +308,13 @@ def packed(tensors: dict[str, torch.Tensor], device: torch.device | str
     staged = device.type == "cuda" and all(v.device.type == "cpu" for v in tensors.values())
     size = sum(_aligned_bytes(v) for v in tensors.values())
     buffer = torch.empty(size, dtype=torch.uint8, device="cpu" if staged else device, pin_memory=staged)
-    for k, view in packed_views(buffer, tensors).items():
+    views = packed_views(buffer, tensors)
+    for k, view in views.items():
         view.copy_(tensors[k])
     if staged:
         buffer = buffer.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
-    return buffer, packed_views(buffer, tensors)
+        views = views_like(buffer, views)
+    return buffer, views
 
 
 def pack(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:

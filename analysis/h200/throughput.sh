@@ -17,8 +17,8 @@
 # in turn twice. A cProfile of the "after" bench closes.
 # THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out; THROUGHPUT_WALLS=0
 # leaves out the walls by wall_conform.py (the benches' own plain walls stay), THROUGHPUT_PROFILE=0 the cProfiles.
-# AFTER_ARGS: options of the "after" commit's bench and conform only (e.g. --cuda-graphs); AFTER_ENV: its walls'
-# environment (e.g. ALIBI_GRAPHS=1).
+# AFTER_ARGS: options of the "after" commit's bench and conform only (e.g. --no-cuda-graphs); AFTER_ENV: its walls'
+# environment (e.g. ALIBI_GRAPHS=0 or 1; unset, each commit's walls run its own default).
 # Results: $OUT/throughput/ (bench-<commit>-<source>.json, .txt, the comparisons, profile-*.txt).
 set -u
 : "${OUT:?}"
@@ -55,7 +55,7 @@ wall() {  # SOURCE_NAME SOURCE_ARGS...: plain walls (no stage timer) of both com
   for round in 1 2; do
     for code in before after; do
       local dir=$AFTER_DIR; [ "$code" = before ] && dir=$BEFORE_DIR
-      local env=${AFTER_ENV:-ALIBI_GRAPHS=0}; [ "$code" = before ] && env=ALIBI_GRAPHS=0
+      local env=${AFTER_ENV:-ALIBI_GRAPHS=}; [ "$code" = before ] && env=ALIBI_GRAPHS=
       (cd "$dir" && export "$env" && PYTHONPATH=$dir timeout "$LIMIT" python "$AFTER_DIR/analysis/h200/wall_conform.py" "$KA" "$KB" \
          "${DEVICE:-cuda}" 5 "$@" > "$R/wall-$code-$name-$round.txt" 2>&1)
       log "wall    $code $name round $round rc=$?: $(tail -1 "$R/wall-$code-$name-$round.txt")"

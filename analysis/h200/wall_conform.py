@@ -6,9 +6,11 @@ prints one line.
 
     PYTHONPATH=SRC python analysis/h200/wall_conform.py KERNEL_A KERNEL_B DEVICE REPEATS (--synthetic PRESET | --tiles DIR)
 
-ALIBI_GRAPHS=1 passes graphs=True (code with CUDA-graph launches, alibi.conform.launches): GPU arms replay graphs.
+ALIBI_GRAPHS=1 / 0 passes graphs=True / False to code that has CUDA-graph launches (alibi.conform.launches); unset,
+or for code without them, the code's own default runs.
 """
 
+import inspect
 import os
 import statistics
 import sys
@@ -26,7 +28,10 @@ from alibi.conform.pipeline import (
 kernel_a, kernel_b, device, repeats, kind, value = sys.argv[1:7]
 source = source_from_preset(value, rows=512) if kind == "--synthetic" else source_from_dir(value)
 pair = choose_pair(kernel_a, kernel_b)
-options = {"graphs": True} if os.environ.get("ALIBI_GRAPHS") == "1" else {}
+graphs = inspect.signature(run_conformance).parameters.get("graphs")  # None: code without CUDA-graph launches
+asked = os.environ.get("ALIBI_GRAPHS") or None  # empty: unset
+options = {} if graphs is None or asked is None else {"graphs": asked == "1"}
+replayed = graphs is not None and options.get("graphs", graphs.default)
 torch.cuda.synchronize()
 t0 = time.perf_counter()
 run_conformance(pair, source, device=device, **options)
@@ -43,4 +48,4 @@ elements = sum(u.n_elements for u in report.tiles)
 median = statistics.median(walls)
 print(f"plain wall: {len(report.tiles)} units, {elements:,} elements, median {median:.4f} s, "
       f"{elements / median / 1e6:.1f} M el/s over {repeats} runs ({', '.join(f'{w:.4f}' for w in walls)}); "
-      f"warm-up {warmup:.4f} s" + ("; CUDA-graph launches" if options else ""))
+      f"warm-up {warmup:.4f} s" + ("; CUDA-graph launches" if replayed else ""))
