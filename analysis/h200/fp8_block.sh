@@ -11,8 +11,8 @@
 #             analysis/fit_block_schedule.py on the CPU
 #   deepseek  alibi matrix at DeepSeek-V3's block-scaled layers (deepseek-v3-fp8-block, -decode): the long-K matrix
 #   refit     cuBLASLt's outputs at the long-K shapes first read in bf16, recorded and fitted to fp32 on the GPU
-#   launches  the GPU tests of replayed launches (every kernel that declares its launches replayable, vLLM's and the
-#             CUTLASS ones included: carry gpu_payload/{alibi_cache.tar.xz,kernel-pins.json} too) and of the code
+#   launches  the GPU tests of replayed launches (every kernel that declares its launches replayable, the CUTLASS
+#             ones included: carry gpu_payload/{alibi_cache.tar.xz,kernel-pins.json} too) and of the code
 #             around them (the bench, private copies, the runner's decode graphs)
 #   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
 #             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
@@ -63,10 +63,7 @@ if [ -f "$REPO/gpu_payload/alibi_cache.tar.xz" ]; then
   mkdir -p /tmp/alibi && tar -C /tmp/alibi -xJf "$REPO/gpu_payload/alibi_cache.tar.xz" && export ALIBI_CACHE=/tmp/alibi/alibi_cache
   [ -f "$REPO/gpu_payload/cutlass_include.tar.xz" ] && tar -C /tmp/alibi -xJf "$REPO/gpu_payload/cutlass_include.tar.xz" \
     && export ALIBI_CUTLASS_INCLUDE=/tmp/alibi/cutlass_include
-  if [ -f "$REPO/gpu_payload/kernel-pins.json" ]; then
-    mkdir -p -m 700 /tmp/alibi/alibi_config && cp "$REPO/gpu_payload/kernel-pins.json" /tmp/alibi/alibi_config/ \
-      && chmod 600 /tmp/alibi/alibi_config/kernel-pins.json && export ALIBI_CONFIG=/tmp/alibi/alibi_config
-  fi
+  W=/tmp/alibi && cd "$REPO" && . analysis/h200/kernel_pins.sh && cd "$S"
 fi
 R=$OUT/fp8_block; mkdir -p "$R"
 cp SOURCE_COMMIT "$R/"
