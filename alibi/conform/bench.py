@@ -100,7 +100,9 @@ class ConformBench(TypedResult):
     """`alibi bench conform`: one pair over one tile source, timed per check device (`timings`), with the
     per-unit results compared across the devices (`n_differing`, `identical_results`); `cuda_graphs`: the runs
     replayed GPU arms' launches from CUDA graphs (`alibi conform --cuda-graphs`; absent from the document when
-    False, as in every result made before it existed)."""
+    False, as in every result made before it existed); `checks_launched`: with them, on a GPU, how the checks ran
+    (`alibi.conform.judge_graphs.JudgeGraphs.how`: replayed per batch layout, or eagerly and why; absent otherwise,
+    as in the results made before the checks were replayed)."""
 
     SCHEMA = SCHEMA
     READS = (V1,)
@@ -118,6 +120,7 @@ class ConformBench(TypedResult):
     timings: tuple[DeviceTiming, ...]
     environment: dict[str, Any]
     cuda_graphs: bool = False
+    checks_launched: str | None = None
     schema: str = SCHEMA
 
     @classmethod
@@ -126,12 +129,16 @@ class ConformBench(TypedResult):
         if doc.get("schema") == V1 and isinstance(doc.get("timings"), list):
             doc["timings"] = [_v1_timing(t) if isinstance(t, dict) else t for t in doc["timings"]]
         doc.setdefault("cuda_graphs", False)
+        doc.setdefault("checks_launched", None)
         return doc
 
     def _layout_out(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """As stored: a result read from v1 goes back in v1's layout; `cuda_graphs` only when True."""
+        """As stored: a result read from v1 goes back in v1's layout; `cuda_graphs` only when True, `checks_launched`
+        only when there is one."""
         if not doc["cuda_graphs"]:
             del doc["cuda_graphs"]
+        if doc["checks_launched"] is None:
+            del doc["checks_launched"]
         if doc["schema"] == V1:
             doc["timings"] = [{"check_device": t["check_device"], "reference_path": t["reference_path"],
                                "repeats": t["repeats"], "stage_seconds": t["stage_seconds"],
@@ -192,6 +199,7 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
     import torch
 
     # deferred: keeps torch out of start-up
+    from alibi.conform.judge_graphs import judge_graphs
     from alibi.conform.pipeline import StageTimer, run_conformance
 
     cuda = torch.cuda.is_available()
@@ -235,11 +243,12 @@ def bench_conform(pair, source, *, devices: list[str], repeats: int = 3, regimes
                                     wall(staged, elements),
                                     {k: statistics.median(s[k] for s in stages) for k in StageTimer.STAGES}, busy))
     first = reports[0]
+    replayed = graphs and any(torch.device(d).type == "cuda" for d in devices)
     return ConformBench(pair.a.name, pair.b.name, source.record, len(first.tiles),
                         sum(u.n_elements for u in first.tiles), first.verdict,
                         tuple(u.n_differing for u in first.tiles),
                         all(_comparable(r) == _comparable(first) for r in reports), tuple(timings),
-                        environment_record(), graphs)
+                        environment_record(), graphs, judge_graphs().how() if replayed else None)
 
 
 def format_table(result: ConformBench) -> str:
@@ -261,6 +270,8 @@ def format_table(result: ConformBench) -> str:
     lines.append("  wall: plain runs, as `alibi conform` runs once warm; staged: runs split by stage, each stage "
                  "synchronized at its end; GPU busy: the device's share of the plain wall, from one profiled run"
                  + (f"; warm-up run (first in the process): {warmups}" if warmups else ""))
+    if result.checks_launched:
+        lines.append(f"  on the GPU: {result.checks_launched}")
     lines.append("  same verdict and per-unit counts on every check device: "
                  + ("yes" if result.identical_results else "NO"))
     return "\n".join(lines)

@@ -72,18 +72,22 @@ def anywhere(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], -1).any(1)
 
 
-def numbers(measured: dict[str, torch.Tensor | Counted], on: dict[str, list[int]] | None = None
-            ) -> list[dict[str, float]]:
-    """A batch's measured values ([B] tensors, one value per unit, or masks `Counted`) on the host in one transfer:
-    per unit, name → float (float64 holds every count, ulp distance, |accumulator| and exact value measured here
-    exactly), in the order of `measured`.
+@dataclass(frozen=True)
+class Gathered:
+    """A batch's measured values in one float64 tensor on the device (`flat`, `gathered`), with what the host needs
+    to read it back (`spread`): each value's name and number of elements, in the order of `flat`, and the names in
+    the order they were measured in (`names`)."""
 
-    on: for a value measured on some of the units only, their indices (its tensor holds one value per such unit,
-    in that order); the other units' dicts do not have it. The values are gathered by device and dtype, so a
-    batch costs a few concatenations and casts, not one per value."""
-    if not measured:
-        return []
-    on = on or {}
+    flat: torch.Tensor
+    order: tuple[tuple[str, int], ...]
+    names: tuple[str, ...]
+
+
+def gathered(measured: dict[str, torch.Tensor | Counted]) -> Gathered:
+    """A batch's measured values ([B] tensors, one value per unit, or masks `Counted`) in one float64 tensor on the
+    device of the first (float64 holds every count, ulp distance, |accumulator| and exact value measured here
+    exactly): the values are gathered by device and dtype, so a batch costs a few concatenations and casts, not
+    one per value. Device work only: the host waits for nothing (a CUDA graph can hold it)."""
     counts = _counts({name: v for name, v in measured.items() if isinstance(v, Counted)})
     measured = {name: counts.get(name, v) for name, v in measured.items()}
     groups: dict[tuple, list[str]] = {}
@@ -91,18 +95,39 @@ def numbers(measured: dict[str, torch.Tensor | Counted], on: dict[str, list[int]
         groups.setdefault((values.device, values.dtype), []).append(name)
     device = measured[next(iter(measured))].device
     flat = torch.cat([torch.cat([measured[n] for n in group]).to(device, torch.float64)
-                      for group in groups.values()]).cpu().tolist()
+                      for group in groups.values()])
+    return Gathered(flat, tuple((name, measured[name].numel()) for group in groups.values() for name in group),
+                    tuple(measured))
+
+
+def spread(values: list[float], gathered: Gathered, on: dict[str, list[int]] | None = None
+           ) -> list[dict[str, float]]:
+    """`gathered`'s values brought to the host (`values`, its `flat` in order), per unit: name → float, in the order
+    the values were measured in.
+
+    on: for a value measured on some of the units only, their indices (its tensor holds one value per such unit,
+    in that order); the other units' dicts do not have it."""
+    on = on or {}
     found: dict[str, list[float]] = {}
     start = 0
-    for name in (name for group in groups.values() for name in group):  # the order of `flat`
-        n = measured[name].numel()
-        found[name], start = flat[start:start + n], start + n
-    B = max(len(found[name]) for name in measured if name not in on)
+    for name, n in gathered.order:
+        found[name], start = values[start:start + n], start + n
+    B = max(len(found[name]) for name in gathered.names if name not in on)
     units: list[dict[str, float]] = [{} for _ in range(B)]
-    for name in measured:
+    for name in gathered.names:
         for i, x in zip(on.get(name, range(B)), found[name], strict=True):
             units[i][name] = x
     return units
+
+
+def numbers(measured: dict[str, torch.Tensor | Counted], on: dict[str, list[int]] | None = None
+            ) -> list[dict[str, float]]:
+    """A batch's measured values on the host in one transfer (`gathered`, then `spread`): per unit, name → float,
+    in the order of `measured` within each device and dtype."""
+    if not measured:
+        return []
+    g = gathered(measured)
+    return spread(g.flat.cpu().tolist(), g, on)
 
 
 def optional_int(x: float) -> int | None:
@@ -318,15 +343,12 @@ def near_zero_measure(differs: torch.Tensor, ulp: torch.Tensor, top: torch.Tenso
 
 def max_relative_difference(out_a: torch.Tensor, out_b: torch.Tensor, exact: torch.Tensor, where: torch.Tensor
                             ) -> torch.Tensor:
-    """[B] float64: each unit's largest |a − b| / |exact| over the elements of `where` (few, as a rule: the
-    differing elements above the near-zero floor), -inf where it has none. The same fp64 quotient per element
-    as over the whole output; finding the elements waits for the device."""
+    """[B] float64: each unit's largest |a − b| / |exact| over the elements of `where` (the differing elements
+    above the near-zero floor, where |exact| > 0), -inf where it has none. Every element's quotient is taken and
+    those outside `where` are set aside, so the device finds the maximum without the host waiting for it."""
     B = out_a.shape[0]
-    at = where.reshape(B, -1).nonzero()
-    units, positions = at[:, 0], at[:, 1]
-    rel = (out_a.reshape(B, -1)[units, positions].double() - out_b.reshape(B, -1)[units, positions].double()).abs() \
-        / exact.reshape(B, -1)[units, positions].abs()
-    return torch.full((B,), -math.inf, dtype=torch.float64, device=out_a.device).scatter_reduce(0, units, rel, "amax")
+    rel = (out_a.double() - out_b.double()).abs() / exact.abs()
+    return torch.where(where, rel, -math.inf).reshape(B, -1).amax(1)
 
 
 def near_zero_result(m: dict[str, float], out_dtype: str) -> NearZero:

@@ -24,6 +24,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.differences import first_differences
+from alibi.conform.judge_graphs import judge_graphs
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
 from alibi.exact.fp8_block_mma import BlockSchedule, accumulate_blocks, block_schedule_differences
@@ -198,10 +199,6 @@ def difference_cause(a: EpilogueModel, b: EpilogueModel, out_a: torch.Tensor, ou
     return " and ".join(label for label, hit in zip(labels, changed[:, 0].tolist(), strict=True) if hit) or None
 
 
-def _stack(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if any(t is None for t in tensors) else torch.stack(tensors)
-
-
 def _where(flags: list[bool]) -> list[int]:
     return [i for i, flag in enumerate(flags) if flag]
 
@@ -224,29 +221,35 @@ def _spread_mask(mask: torch.Tensor, units: list[int]) -> dict[int, torch.Tensor
 
 
 def judge(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
-          invariance: bool = True) -> list[UnitResult]:
+          invariance: bool = True, graphs: bool = False) -> list[UnitResult]:
     """Every check of every unit in `runs` (module docstring): each batch `measure`d, then collected and judged."""
-    return judged(measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance), len(runs), stage)
+    return judged(measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance, graphs=graphs),
+                  len(runs), stage)
 
 
 def judged(measurements: list[Measurement], n: int, stage: Stage) -> list[UnitResult]:
     """The results of the `n` runs `measure` gave `measurements` of, each collected and judged, in the runs' order."""
     results: list[UnitResult | None] = [None] * n
     for batch in measurements:
-        batch.collect(stage)
-        for i, unit in zip(batch.indices, batch.verdicts(), strict=True):
-            results[i] = unit
+        try:
+            batch.collect(stage)
+            for i, unit in zip(batch.indices, batch.verdicts(), strict=True):
+                results[i] = unit
+        finally:
+            batch.release()
     return results  # type: ignore[return-value]
 
 
 def measure(pair, runs: list[UnitRun], stage: Stage, *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
-            invariance: bool = True) -> list[Measurement]:
+            invariance: bool = True, graphs: bool = False) -> list[Measurement]:
     """Queue every check's measurement of the units in `runs` on the check device, without waiting for any: runs
-    whose tiles differ in shape, format or what the arms exposed are measured apart, one `Measurement` per batch."""
+    whose tiles differ in shape, format or what the arms exposed are measured apart, one `Measurement` per batch.
+    graphs: on a GPU, replay each batch's device work from a CUDA graph of its layout where one was captured
+    (`alibi.conform.judge_graphs`: the same operations, so the same bits)."""
     batches: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
         batches.setdefault(run.shape_key(), []).append(i)
-    return [_measure_batch(pair, [runs[i] for i in indices], indices, stage, ulp_threshold, invariance)
+    return [_measure_batch(pair, [runs[i] for i in indices], indices, stage, ulp_threshold, invariance, graphs)
             for indices in batches.values()]
 
 
@@ -300,85 +303,143 @@ def unjudged_fp8_reason(d: Declarations, names: dict[str, str], t: Tile) -> str:
     return "; ".join(why) + ": the exact set of differences is not predicted"
 
 
-@dataclass
-class Measurement:
-    """One batch's checks as queued on the check device (`measure`): the measured values ([B] tensors, `m`; those
-    measured on some units only, with their indices, `on`), the masks a fired check reads its first mismatch from,
-    and what the host phase needs. `collect` brings the numbers to the host in one transfer (and then, where units
-    differ, their first differences and causes); `verdicts` builds each unit's result from them. The device work
-    of a later batch may be queued between `measure` and `collect` (`alibi.conform.pipeline.evaluate_batches`)."""
+@dataclass(frozen=True)
+class BatchLayout:
+    """What fixes a batch's device work (`measured`), known on the host before anything is measured: its size, the
+    format and output dtype, both arms' declarations, whether scales sit in blocks and a bias is added, which units
+    are power-of-two, real-scale or run for invariance (and the invariance runs' rows), the ulp threshold, and each
+    input's shape and dtype (`inputs`: the tensors `batch_inputs` stacks). Two batches of one layout run the same
+    device operations on different values: the key of the batch's CUDA graph (`alibi.conform.judge_graphs`)."""
 
-    pair: Any
-    runs: list[UnitRun]
-    indices: list[int]  # each run's place in the runs given to `measure`
+    B: int
+    int8: bool
+    dtype: torch.dtype
     decl: Declarations
+    block: bool
+    bias: bool
+    pow2_units: tuple[int, ...]
+    real_units: tuple[int, ...]
+    any_real: bool
+    invariance_units: tuple[int, ...]
+    subset_rows: tuple[tuple[tuple[int, ...], ...], ...]  # per arm (a, b): each invariance run's rows
     ulp_threshold: int
-    invariance: bool
-    m: dict[str, torch.Tensor | checks.Counted]
+    inputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+    @classmethod
+    def of(cls, pair, runs: list[UnitRun], tensors: dict[str, list[torch.Tensor]], ulp_threshold: int
+           ) -> BatchLayout:
+        t0 = runs[0].tile
+        int8 = t0.fmt == "int8"
+        decl = Declarations.of(pair, t0)
+        invariance = tuple(i for i, r in enumerate(runs) if r.subsets is not None)
+        rows = tuple(tuple(tuple(rows) for rows, _ in runs[invariance[0]].subsets[arm]) if invariance else ()
+                     for arm in ("a", "b"))
+        return cls(len(runs), int8, t0.out_dtype, decl, t0.block_layout is not None, t0.bias is not None,
+                   tuple(_where([r.prepared.facts[r.regime].all_pow2 for r in runs]))
+                   if int8 and not uses_statistics(decl.a, decl.b) else (),
+                   tuple(_where([r.regime == "real" for r in runs])) if int8 else (),
+                   any(r.regime == "real" for r in runs), invariance, rows, ulp_threshold,
+                   tuple((name, (len(ts), *ts[0].shape), ts[0].dtype) for name, ts in tensors.items()))
+
+    @property
+    def same_schedule(self) -> bool:
+        """Both arms' outputs are modelled on one accumulator: int8's exact one, or one deterministic schedule."""
+        d = self.decl
+        return self.int8 or (d.schedule("a") is not None and d.schedule("a") == d.schedule("b"))
+
+    @property
+    def predicted(self) -> bool:
+        """The differences between the arms are predicted: both declare a model and, for fp8, a schedule."""
+        d = self.decl
+        return d.a is not None and d.b is not None and (self.int8 or sum(
+            d.schedule(arm) is not None for arm in ("a", "b")) == 2)
+
+    @property
+    def cause_labels(self) -> list[str]:
+        """What each step of `difference_causes` changes (`cause_{j}`), in walking order."""
+        if not self.predicted:
+            return []
+        d = self.decl
+        return ([schedule_cause(d.schedule_a, d.schedule_b)] if not self.same_schedule else []) + \
+            [label for label, _ in cause_steps(d.a, d.b, self.bias)]
+
+    @property
+    def capturable(self) -> bool:
+        """The batch's units of each kind lie side by side (as the pipeline orders them), so every part of the batch
+        is a view: a list of scattered units would be copied through an index made on the host."""
+        return all(_consecutive(list(units)) for units in (self.pow2_units, self.real_units, self.invariance_units)
+                   if units)
+
+
+def batch_inputs(decl: Declarations, runs: list[UnitRun]) -> dict[str, list[torch.Tensor]]:
+    """Every tensor a batch's measurement reads, per unit, by name (each stacked into one [B, ...] tensor): the outputs,
+    scales and bias; int8: the exact accumulator and the operands as prepared; what each arm exposed and, fp8, the
+    accumulator its declared schedule prescribes; the operands as each arm left them (an arm's when every unit has
+    it); the invariance runs' outputs (on their units only)."""
+    t0 = runs[0].tile
+    int8 = t0.fmt == "int8"
+    tiles = [r.tile for r in runs]
+    x = {"out_a": [r.out_a for r in runs], "out_b": [r.out_b for r in runs], "s_a": [t.s_a for t in tiles],
+         "s_w": [t.s_w for t in tiles]}
+    if t0.bias is not None:
+        x["bias"] = [t.bias for t in tiles]
+    if int8:
+        x |= {"acc": [r.prepared.acc for r in runs], "a_q": [r.prepared.tile.a_q for r in runs],
+              "w_q": [r.prepared.tile.w_q for r in runs]}
+    for arm in ("a", "b"):
+        exposed = [r.exposed_accumulator(arm) for r in runs]
+        if all(e is not None for e in exposed):
+            x[f"exposed_{arm}"] = exposed
+        if not int8 and decl.schedule(arm) is not None:
+            # the fp32 accumulator the arm's declared schedule prescribes (`alibi.exact.fp8_mma`)
+            x[f"scheduled_{arm}"] = [r.prepared.scheduled_accumulator(decl.schedule(arm), r.tile, r.regime)
+                                     for r in runs]
+    for key in sorted(OPERANDS):
+        for arm in ("a", "b"):
+            held = [(r.operands_a if arm == "a" else r.operands_b)[key] for r in runs]
+            if all(v is not None for v in held):
+                x[f"operand_{arm}:{key}"] = held
+    invariance = [r for r in runs if r.subsets is not None]
+    for arm in ("a", "b"):
+        for j in range(len(invariance[0].subsets[arm]) if invariance else 0):
+            x[f"subset_{arm}:{j}"] = [r.subsets[arm][j][1] for r in invariance]
+        if invariance:
+            x[f"again_{arm}"] = [r.again[arm] for r in invariance]
+    return x
+
+
+@dataclass
+class Measured:
+    """A batch's measurement on the check device (`measured`): every value measured, in one float64 tensor
+    (`numbers`, read back by `checks.spread` with `on`: the units of a value measured on some of them only), the masks
+    a fired check reads its first mismatch from, the outputs and their comparison, and what the verdicts read
+    where a check fires (each arm's accumulators, each arm's output against its model's)."""
+
+    numbers: checks.Gathered
     on: dict[str, list[int]]
     masks: dict[str, Any]
     out_a: torch.Tensor
     out_b: torch.Tensor
     differs: torch.Tensor
     ulp: torch.Tensor
-    relative: tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
-    causes_of: Callable[[], torch.Tensor] | None  # [steps, B]: which step changes bits (`difference_causes`)
-    cause_labels: list[str]
     accumulators: dict[str, Any]
     models: dict[str, tuple[torch.Tensor, torch.Tensor | None]]
-    values: list[dict[str, float]] = field(default_factory=list)
-    differences: list[Any] = field(default_factory=list)
-    causes: list[str | None] = field(default_factory=list)
-
-    def collect(self, stage: Stage) -> None:
-        """The batch's numbers on the host (`values`), each unit's first differences and cause."""
-        with stage("checks"):
-            if self.relative is not None:  # the near-zero split's relative maximum, over the few elements it needs
-                units, *operands = self.relative
-                self.m["nz_max_rel_above_floor"] = checks.max_relative_difference(*operands)
-                self.on["nz_max_rel_above_floor"] = units
-            self.values = checks.numbers(self.m, self.on)
-            for run, v in zip(self.runs, self.values, strict=True):
-                facts = run.prepared.facts[run.regime]
-                v.update(pow2_scales_changed=facts.changed, subnormal_scales=facts.subnormal)
-            self.differences = first_differences(self.out_a, self.out_b, self.differs, self.ulp,
-                                                 [int(v["n_differing"]) for v in self.values])
-            self.causes = [None] * len(self.runs)
-            if self.causes_of is not None and any(v["pd_n_predicted"] for v in self.values):
-                changed = self.causes_of().cpu().tolist()
-                self.causes = [" and ".join(label for label, hits in zip(self.cause_labels, changed, strict=True)
-                                            if hits[i]) or None if v["pd_n_predicted"] else None
-                               for i, v in enumerate(self.values)]
-
-    def verdicts(self) -> list[UnitResult]:
-        """Each unit's verdicts and result, from the numbers `collect` brought over."""
-        return [_unit(self.pair, self.decl, run, i, self.values[i], self.masks, self.differences[i], self.causes[i],
-                      self.ulp_threshold, self.invariance, self.accumulators, self.models)
-                for i, run in enumerate(self.runs)]
 
 
-def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, ulp_threshold: int,
-                   invariance: bool) -> Measurement:
-    B, t0 = len(runs), runs[0].tile
-    int8, dtype = t0.fmt == "int8", t0.out_dtype
-    decl = Declarations.of(pair, t0)
+def measured(layout: BatchLayout, x: dict[str, torch.Tensor], stage: Stage) -> Measured:
+    """Every check's measurement of one batch (`layout`; its inputs stacked, `x`), queued on the check device: device
+    work only, nothing waited for, no tensor made from the host's values, so a CUDA graph can hold all of it."""
+    int8, dtype, decl, B = layout.int8, layout.dtype, layout.decl, layout.B
     ma, mb = decl.a, decl.b
-    tiles = [r.tile for r in runs]
-    real = [r.regime == "real" for r in runs]
+    out_a, out_b, s_a, s_w, bias = x["out_a"], x["out_b"], x["s_a"], x["s_w"], x.get("bias")
+    pow2_units, real_units = list(layout.pow2_units), list(layout.real_units)
     with stage("reference"):
-        out_a, out_b = torch.stack([r.out_a for r in runs]), torch.stack([r.out_b for r in runs])
-        s_a, s_w = torch.stack([t.s_a for t in tiles]), torch.stack([t.s_w for t in tiles])
-        bias = _stack([t.bias for t in tiles]) if t0.bias is not None else None
-        acc = torch.stack([r.prepared.acc for r in runs]) if int8 else None
+        acc = x.get("acc")
         acc32 = int32_wrap(acc) if int8 else None  # what an int32 register holds, taken once for every model
-        exposed = {arm: _stack([r.exposed_accumulator(arm) for r in runs]) for arm in ("a", "b")}
-        # fp8: the fp32 accumulator each arm's declared schedule prescribes (`alibi.exact.fp8_mma`), where it declares
-        # a deterministic one
-        scheduled = {arm: torch.stack([r.prepared.scheduled_accumulator(decl.schedule(arm), r.tile, r.regime)
-                                       for r in runs])
-                     for arm in ("a", "b") if not int8 and decl.schedule(arm) is not None}
+        exposed = {arm: x.get(f"exposed_{arm}") for arm in ("a", "b")}
+        scheduled = {arm: x[f"scheduled_{arm}"] for arm in ("a", "b") if f"scheduled_{arm}" in x}
         # block-scaled tiles: the scales are inside the accumulators, so the epilogue models run with scales of 1
-        es_a, es_w = (s_a, s_w) if t0.block_layout is None else unit_scales(out_a)
+        es_a, es_w = (s_a, s_w) if not layout.block else unit_scales(out_a)
 
         # int8: every arm is held to its model applied to the exact accumulator; fp8: to its declared epilogue applied
         # to the accumulator its declared schedule prescribes, or, declaring no schedule, to its epilogue applied to its
@@ -387,15 +448,11 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
             base = acc32 if int8 else scheduled.get(arm, exposed[arm])
             return None if model is None or base is None else apply_epilogue(model, base, es_a, es_w, bias, dtype)
         expect_a = model_out(ma, "a")
-        same = int8 or (decl.schedule("a") is not None and decl.schedule("a") == decl.schedule("b"))
-        expect_b = expect_a if (same and ma is not None and ma == mb) else model_out(mb, "b")
+        expect_b = expect_a if (layout.same_schedule and ma is not None and ma == mb) else model_out(mb, "b")
         # The pow2 identity's fp32 reference, on the units whose weight scales are all powers of two (known on the
         # host: `ScaleFacts`); the exact values (fp64) of the near-zero split, on the real-scale units.
-        pow2_units = (_where([r.prepared.facts[r.regime].all_pow2 for r in runs])
-                      if int8 and not uses_statistics(ma, mb) else [])
         reference_fp32 = (apply_epilogue(EpilogueModel("a_then_w"), _take(acc32, pow2_units), _take(s_a, pow2_units),
                                          _take(s_w, pow2_units), None, torch.float32) if pow2_units else None)
-        real_units = _where(real) if int8 else []
         exact = None
         if real_units:
             exact = _take(acc, real_units).to(torch.float64) * _take(s_a, real_units).to(torch.float64).reshape(
@@ -407,24 +464,22 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
         differs, ulp = comparison.differs, comparison.ulp
         m: dict[str, torch.Tensor | checks.Counted] = {"n_differing": checks.count(differs),
                                                        "max_ulp": checks.largest(ulp)}
-        on: dict[str, list[int]] = {}  # the units of a value measured on some of them only (`checks.numbers`)
+        on: dict[str, list[int]] = {}  # the units of a value measured on some of them only (`checks.spread`)
 
         def measured_on(units: list[int], values: dict[str, torch.Tensor]) -> None:
             m.update(values)
             on.update(dict.fromkeys(values, units))
         masks: dict[str, Any] = {}
+        expected_acc = acc32
         if int8:
-            a_q = torch.stack([r.prepared.tile.a_q for r in runs])
-            w_q = torch.stack([r.prepared.tile.w_q for r in runs])
-            m.update(max_abs_acc=checks.largest(acc.abs()), a_has_min=checks.anywhere(a_q == -128),
-                     w_has_min=checks.anywhere(w_q == -128))
-            expected_acc = acc32
+            m.update(max_abs_acc=checks.largest(acc.abs()), a_has_min=checks.anywhere(x["a_q"] == -128),
+                     w_has_min=checks.anywhere(x["w_q"] == -128))
             for arm in ("a", "b"):
                 if exposed[arm] is not None and exposed[arm].shape == expected_acc.shape:
                     masks[f"acc_{arm}"] = checks.accumulator_mismatch(exposed[arm], expected_acc)
                     m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
         for key in sorted(OPERANDS):
-            a, b = _stack([r.operands_a[key] for r in runs]), _stack([r.operands_b[key] for r in runs])
+            a, b = x.get(f"operand_a:{key}"), x.get(f"operand_b:{key}")
             if a is None and b is None:  # a batch's tiles all have the operand or all lack it (`tile_key`)
                 continue
             differ = checks.operands_differ(a, b)
@@ -434,11 +489,16 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
             if arm in scheduled and exposed[arm] is not None and exposed[arm].shape == scheduled[arm].shape:
                 masks[f"acc_{arm}"] = bitwise_differ_mask(exposed[arm], scheduled[arm])
                 m[f"acc_{arm}"] = checks.count(masks[f"acc_{arm}"])
-        predicted = None
-        if ma is not None and mb is not None and (int8 or len(scheduled) == 2):
+        if layout.predicted:
             predicted = bitwise_differ_mask(expect_a, expect_b)
             pd, masks["predicted"] = checks.predicted_differences_measure(differs, predicted)
             m.update({f"pd_{k}": v for k, v in pd.items()})
+            # which step from model a to model b changes bits (`difference_causes`), read where differences are
+            # predicted
+            causes = difference_causes(ma, mb, expect_a, expect_b, acc32 if int8 else scheduled["a"],
+                                       *((s_a, s_w) if int8 else (es_a, es_w)), bias, dtype,
+                                       None if layout.same_schedule else scheduled["b"])
+            m.update({f"cause_{j}": changed for j, changed in enumerate(causes)})
         for arm, out, expected in (("a", out_a, expect_a), ("b", out_b, expect_b)):
             if expected is not None:
                 em, masks[f"em_{arm}"] = checks.epilogue_model_measure(out, expected)
@@ -447,51 +507,89 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
             p2, judged = checks.pow2_identity_measure(_take(differs, pow2_units), reference_fp32)
             masks["pow2"] = _spread_mask(judged, pow2_units)
             measured_on(pow2_units, {f"pow2_{k}": v for k, v in p2.items()})
-        relative = None
         if real_units:
             near_units = _take(differs, real_units), _take(ulp, real_units)
             top, near = checks.near_zero_mask(exact, dtype_name(dtype))
             nz, above = checks.near_zero_measure(*near_units, top, near)
+            nz["max_rel_above_floor"] = checks.max_relative_difference(
+                _take(out_a, real_units), _take(out_b, real_units), exact, above & near_units[0])
             measured_on(real_units, {f"nz_{k}": v for k, v in nz.items()})
-            relative = (real_units, _take(out_a, real_units), _take(out_b, real_units), exact, above & near_units[0])
             measured_on(real_units, {f"rt_{k}": v for k, v in checks.real_scale_tolerance_measure(
-                near_units[1], near_units[0], ulp_threshold, near).items()})
-        elif any(real):  # fp8: no exact values, no near-zero split
+                near_units[1], near_units[0], layout.ulp_threshold, near).items()})
+        elif layout.any_real:  # fp8: no exact values, no near-zero split
             m.update({f"rt_{k}": v for k, v in
-                      checks.real_scale_tolerance_measure(ulp, differs, ulp_threshold, None).items()})
-        invariance_runs = [i for i, r in enumerate(runs) if r.subsets is not None]
-        if invariance_runs:
-            measured_on(invariance_runs, _invariance_measure(runs, invariance_runs, out_a, out_b))
-        causes_of, labels = None, []
-        if predicted is not None:
-            acc_b = None if int8 or same else scheduled["b"]
-            labels = ([schedule_cause(decl.schedule_a, decl.schedule_b)] if acc_b is not None else []) + \
-                [label for label, _ in cause_steps(ma, mb, bias is not None)]
-            base = acc32 if int8 else scheduled["a"]
-            scales = (s_a, s_w) if int8 else (es_a, es_w)
-
-            def causes_of() -> torch.Tensor:
-                return difference_causes(ma, mb, expect_a, expect_b, base, *scales, bias, dtype, acc_b)
+                      checks.real_scale_tolerance_measure(ulp, differs, layout.ulp_threshold, None).items()})
+        if layout.invariance_units:
+            measured_on(list(layout.invariance_units), _invariance_measure(layout, x, out_a, out_b))
         expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
-        return Measurement(pair, runs, indices, decl, ulp_threshold, invariance, m, on, masks, out_a, out_b, differs,
-                           ulp, relative, causes_of, labels,
-                           {"a": exposed["a"], "b": exposed["b"], "expected": expected},
-                           {"a": (out_a, expect_a), "b": (out_b, expect_b)})
+        return Measured(checks.gathered(m), on, masks, out_a, out_b, differs, ulp,
+                        {"a": exposed["a"], "b": exposed["b"], "expected": expected},
+                        {"a": (out_a, expect_a), "b": (out_b, expect_b)})
 
 
-def _invariance_measure(runs: list[UnitRun], indices: list[int], out_a: torch.Tensor, out_b: torch.Tensor
+@dataclass
+class Measurement:
+    """One batch's checks as queued on the check device (`measure`; `measured` holds its tensors, `layout` what
+    fixes them), with what the host phase needs. `collect` brings the numbers to the host in one transfer (and
+    then, where units differ, their first differences); `verdicts` builds each unit's result from them; `release`
+    hands a replayed batch's CUDA graph back for the next batch of its layout. The device work of a later batch
+    may be queued between `measure` and `collect` (`alibi.conform.pipeline.evaluate_batches`)."""
+
+    pair: Any
+    runs: list[UnitRun]
+    indices: list[int]  # each run's place in the runs given to `measure`
+    layout: BatchLayout
+    invariance: bool
+    measured: Measured
+    release: Callable[[], None] = lambda: None
+    values: list[dict[str, float]] = field(default_factory=list)
+    differences: list[Any] = field(default_factory=list)
+    causes: list[str | None] = field(default_factory=list)
+
+    def collect(self, stage: Stage) -> None:
+        """The batch's numbers on the host (`values`), each unit's first differences and cause."""
+        with stage("checks"):
+            got = self.measured
+            self.values = checks.spread(got.numbers.flat.cpu().tolist(), got.numbers, got.on)
+            for run, v in zip(self.runs, self.values, strict=True):
+                facts = run.prepared.facts[run.regime]
+                v.update(pow2_scales_changed=facts.changed, subnormal_scales=facts.subnormal)
+            self.differences = first_differences(got.out_a, got.out_b, got.differs, got.ulp,
+                                                 [int(v["n_differing"]) for v in self.values])
+            labels = self.layout.cause_labels
+            self.causes = [" and ".join(label for j, label in enumerate(labels) if v[f"cause_{j}"]) or None
+                           if v.get("pd_n_predicted") else None for v in self.values]
+
+    def verdicts(self) -> list[UnitResult]:
+        """Each unit's verdicts and result, from the numbers `collect` brought over."""
+        got = self.measured
+        return [_unit(self.pair, self.layout.decl, run, i, self.values[i], got.masks, self.differences[i],
+                      self.causes[i], self.layout.ulp_threshold, self.invariance, got.accumulators, got.models)
+                for i, run in enumerate(self.runs)]
+
+
+def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, ulp_threshold: int,
+                   invariance: bool, graphs: bool) -> Measurement:
+    tensors = batch_inputs(Declarations.of(pair, runs[0].tile), runs)
+    layout = BatchLayout.of(pair, runs, tensors, ulp_threshold)
+    got, release = judge_graphs().measure((runs[0].out_a.device, layout), tensors,
+                                          lambda x, timed: measured(layout, x, timed), stage, graphs=graphs,
+                                          capturable=layout.capturable)
+    return Measurement(pair, runs, indices, layout, invariance, got, release)
+
+
+def _invariance_measure(layout: BatchLayout, x: dict[str, torch.Tensor], out_a: torch.Tensor, out_b: torch.Tensor
                         ) -> dict[str, torch.Tensor]:
-    """M-invariance and run-to-run counts of the units in `indices` (those with invariance runs), one per such
+    """M-invariance and run-to-run counts of the units with invariance runs (`layout.invariance_units`), one per such
     unit."""
-    full = {"a": _take(out_a, indices), "b": _take(out_b, indices)}
+    units = list(layout.invariance_units)
+    full = {"a": _take(out_a, units), "b": _take(out_b, units)}
     m = {}
-    first = runs[indices[0]]
-    for arm in ("a", "b"):
-        for j, (rows, _) in enumerate(first.subsets[arm]):
-            sub = torch.stack([runs[i].subsets[arm][j][1] for i in indices])
-            m[f"mi_{arm}_{j}"] = checks.count(bitwise_differ_mask(sub, full[arm][:, rows[0]:rows[-1] + 1]))
-        again = torch.stack([runs[i].again[arm] for i in indices])
-        m[f"rr_{arm}"] = checks.count(bitwise_differ_mask(full[arm], again))
+    for arm, subsets in zip(("a", "b"), layout.subset_rows, strict=True):
+        for j, rows in enumerate(subsets):
+            m[f"mi_{arm}_{j}"] = checks.count(bitwise_differ_mask(x[f"subset_{arm}:{j}"],
+                                                                  full[arm][:, rows[0]:rows[-1] + 1]))
+        m[f"rr_{arm}"] = checks.count(bitwise_differ_mask(full[arm], x[f"again_{arm}"]))
     return m
 
 

@@ -349,7 +349,7 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
         work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
         runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
                          timer=timer)
-        measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance)
+        measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance, graphs=graphs)
         try:
             ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
         except Exception:

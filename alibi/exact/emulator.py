@@ -243,7 +243,7 @@ def _statistics_epilogue(model: EpilogueModel, accf: torch.Tensor, row: torch.Te
         if model.round_between:
             first = round_to(first, out_dtype).to(torch.float32)
         y = first * last
-    c = torch.tensor(model.statistics, dtype=torch.float32, device=accf.device)
+    c = torch.full((), model.statistics, dtype=torch.float32, device=accf.device)  # no host copy: capturable
     if model.bias == "fma":
         b = torch.zeros((*y.shape[:-2], 1, y.shape[-1]), device=y.device) if bias is None else bias
         return round_to(fma_f32(y, c, b), out_dtype)

@@ -143,7 +143,7 @@ if want gputests; then
   tail -n 8 "$R/pytest-gpu.txt" >> "$OUT/summary.txt"
 fi
 if want launches; then
-  timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/conform/test_launches.py \
+  timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/conform/test_launches.py tests/conform/test_judge_graphs.py \
     tests/conform/test_bench.py tests/kernels/test_private_copy.py tests/model/test_decode_graphs.py \
     > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
   tail -n 12 "$R/pytest-gpu-launches.txt" >> "$OUT/summary.txt"
