@@ -76,18 +76,19 @@ def anywhere(mask: torch.Tensor) -> torch.Tensor:
 class Gathered:
     """A batch's measured values in one float64 tensor on the device (`flat`, `gathered`), with what the host needs
     to read it back (`spread`): each value's name and number of elements, in the order of `flat`, and the names in
-    the order they were measured in (`names`)."""
+    the order they were measured in (`names`); `flat` may go on past the values (`gathered`'s `tail`)."""
 
     flat: torch.Tensor
     order: tuple[tuple[str, int], ...]
     names: tuple[str, ...]
 
 
-def gathered(measured: dict[str, torch.Tensor | Counted]) -> Gathered:
+def gathered(measured: dict[str, torch.Tensor | Counted], tail: torch.Tensor | None = None) -> Gathered:
     """A batch's measured values ([B] tensors, one value per unit, or masks `Counted`) in one float64 tensor on the
     device of the first (float64 holds every count, ulp distance, |accumulator| and exact value measured here
-    exactly): the values are gathered by device and dtype, so a batch costs a few concatenations and casts, not
-    one per value. Device work only: the host waits for nothing (a CUDA graph can hold it)."""
+    exactly), followed by `tail` (float64, flat) where given: the values are gathered by device and dtype, so a
+    batch costs a few concatenations and casts, not one per value. Device work only: the host waits for nothing (a
+    CUDA graph can hold it)."""
     counts = _counts({name: v for name, v in measured.items() if isinstance(v, Counted)})
     measured = {name: counts.get(name, v) for name, v in measured.items()}
     groups: dict[tuple, list[str]] = {}
@@ -95,7 +96,7 @@ def gathered(measured: dict[str, torch.Tensor | Counted]) -> Gathered:
         groups.setdefault((values.device, values.dtype), []).append(name)
     device = measured[next(iter(measured))].device
     flat = torch.cat([torch.cat([measured[n] for n in group]).to(device, torch.float64)
-                      for group in groups.values()])
+                      for group in groups.values()] + ([] if tail is None else [tail]))
     return Gathered(flat, tuple((name, measured[name].numel()) for group in groups.values() for name in group),
                     tuple(measured))
 

@@ -80,36 +80,56 @@ def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: Out
                              comparison.ulp.unsqueeze(0), [comparison.n_differing], cap)[0]
 
 
-def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
-                      counts: list[int], cap: int = DIFFERENCE_CAP) -> list[Differences]:
-    """`differing_elements` of a batch of units at once: outputs, difference masks and ulp distances [B, M, N], and
-    each unit's number of differing elements (`counts`); the first `cap` of each unit in row-major order."""
+def listed_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
+                       cap: int = DIFFERENCE_CAP) -> torch.Tensor:
+    """[6, B, cap] float64, on the outputs' device: for each unit of a batch (outputs, difference masks and ulp
+    distances [B, M, N]), its first `cap` differing elements in row-major order, as columns: the flat position, both
+    bit patterns, both values and the ulp distance (every column exact in float64: positions < 2^53, patterns of ≤ 32
+    bits). A unit's j-th differing element is where the running count of its mask first reaches j (a search in the
+    running count), so nothing is read back to find them; the rows past a unit's count hold a stand-in element, which
+    `differences_from` leaves out."""
     import torch  # torch: only when computing
 
     from alibi.exact.numerics import bits  # torch: only when computing
 
-    B, N = differs.shape[0], differs.shape[-1]
+    B = differs.shape[0]
+    flat = differs.reshape(B, -1)
+    n = flat.shape[1]
+    running = flat.cumsum(1)
+    wanted = torch.arange(1, cap + 1, device=differs.device).expand(B, cap).contiguous()
+    positions = torch.searchsorted(running, wanted).clamp_(max=n - 1)
+    # gathered as bit patterns: a float gather may quiet a NaN's payload
+    a_bits, b_bits = (bits(out).reshape(B, -1).gather(1, positions) for out in (out_a, out_b))
+    return torch.stack([positions.double(), a_bits.double(), b_bits.double(), a_bits.view(out_a.dtype).double(),
+                        b_bits.view(out_b.dtype).double(), ulp.reshape(B, -1).gather(1, positions).double()])
+
+
+def differences_from(columns: list[list[list[float]]], counts: list[int], N: int, element_size: int,
+                     cap: int = DIFFERENCE_CAP) -> list[Differences]:
+    """The `Differences` of each unit from `listed_differences`' columns on the host (as nested lists), each unit's
+    number of differing elements (`counts`), the outputs' width N and element size in bytes."""
+    width = 2 * element_size  # hex digits of one element
+    mask = (1 << (8 * element_size)) - 1
+    found = []
+    for u, n in enumerate(counts):
+        elements = []
+        for pos, ab, bb, va, vb, d in list(zip(*(column[u] for column in columns), strict=True))[:min(n, cap)]:
+            pos, ab, bb = int(pos), int(ab), int(bb)
+            elements.append(ElementDifference(pos // N, pos % N, f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
+                                              _number(va), _number(vb), None if d < 0 else int(d)))
+        found.append(Differences(n, cap, tuple(elements)))
+    return found
+
+
+def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
+                      counts: list[int], cap: int = DIFFERENCE_CAP) -> list[Differences]:
+    """`differing_elements` of a batch of units at once: outputs, difference masks and ulp distances [B, M, N], and
+    each unit's number of differing elements (`counts`); the first `cap` of each unit in row-major order."""
     if not any(counts):
         return [Differences(0, cap, ()) for _ in counts]
-    every = differs.reshape(B, -1).nonzero()  # (unit, position) of every differing element, unit by unit, row-major
-    first, start = [], 0  # the rows of `every` listed: each unit's first `cap`
-    for n in counts:
-        first.extend(range(start, start + min(n, cap)))
-        start += n
-    listed = every[torch.tensor(first, dtype=torch.int64, device=every.device)]
-    units, positions = listed[:, 0], listed[:, 1]
-    a, b = out_a.reshape(B, -1)[units, positions], out_b.reshape(B, -1)[units, positions]
-    # one transfer: every column is exact in float64 (positions < 2^53, bit patterns of ≤ 32 bits, ulp distances)
-    columns = torch.stack([units.double(), positions.double(), bits(a).double(), bits(b).double(), a.double(),
-                           b.double(), ulp.reshape(B, -1)[units, positions].double()]).cpu().tolist()
-    width = 2 * out_a.element_size()  # hex digits of one element
-    mask = (1 << (8 * out_a.element_size())) - 1
-    elements: list[list[ElementDifference]] = [[] for _ in range(B)]
-    for u, pos, ab, bb, va, vb, d in zip(*columns, strict=True):
-        u, pos, ab, bb = int(u), int(pos), int(ab), int(bb)
-        elements[u].append(ElementDifference(pos // N, pos % N, f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
-                                             _number(va), _number(vb), None if d < 0 else int(d)))
-    return [Differences(n, cap, tuple(e)) for n, e in zip(counts, elements, strict=True)]
+    return differences_from(listed_differences(out_a, out_b, differs, ulp, cap).cpu().tolist(), counts,
+                            differs.shape[-1], out_a.element_size(), cap)
 
 
-__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differing_elements", "first_differences"]
+__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differences_from", "differing_elements",
+           "first_differences", "listed_differences"]

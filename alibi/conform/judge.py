@@ -7,9 +7,9 @@ shape (`UnitRun`: the outputs, the operands as each arm held them, the invarianc
 the group into tensors [B, ...] and queues each check's measurement on the whole batch (`alibi.conform.checks`:
 every measurement is elementwise, or a reduction over one unit's own elements) without waiting for the device;
 what depends only on the scales is known on the host before (`ScaleFacts`). `Measurement.collect` then brings
-every unit's numbers to the host in one transfer (and, where units differ, their first differences and causes),
-and `Measurement.verdicts` builds each unit's verdicts from them; the pipeline does host work of the next batch
-in between. A unit's numbers are exactly those it gets alone: a batch of one is the same code
+every unit's numbers, first differences and causes to the host in one transfer, and `Measurement.verdicts` builds
+each unit's verdicts from them; the pipeline does host work of the next batch in between. On a GPU the device work
+of a batch is replayed from a CUDA graph of its layout (`BatchLayout`, `alibi.conform.judge_graphs`). A unit's numbers are exactly those it gets alone: a batch of one is the same code
 (tests/conform/test_results_unchanged.py holds the reports to the bytes of the unit-by-unit pipeline).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from alibi.conform import checks
-from alibi.conform.differences import first_differences
+from alibi.conform.differences import differences_from, listed_differences
 from alibi.conform.judge_graphs import judge_graphs
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
@@ -410,12 +410,14 @@ def batch_inputs(decl: Declarations, runs: list[UnitRun]) -> dict[str, list[torc
 
 @dataclass
 class Measured:
-    """A batch's measurement on the check device (`measured`): every value measured, in one float64 tensor
-    (`numbers`, read back by `checks.spread` with `on`: the units of a value measured on some of them only), the masks
+    """A batch's measurement on the check device (`measured`): every value measured and then each unit's first
+    differing elements, in one float64 tensor (`numbers`, read back by `checks.spread` with `on`: the units of a value
+    measured on some of them only; and `alibi.conform.differences.differences_from`), the masks
     a fired check reads its first mismatch from, the outputs and their comparison, and what the verdicts read
     where a check fires (each arm's accumulators, each arm's output against its model's)."""
 
     numbers: checks.Gathered
+    listed: torch.Size  # `listed_differences`' shape: its columns follow the values in `numbers.flat`
     on: dict[str, list[int]]
     masks: dict[str, Any]
     out_a: torch.Tensor
@@ -522,7 +524,9 @@ def measured(layout: BatchLayout, x: dict[str, torch.Tensor], stage: Stage) -> M
         if layout.invariance_units:
             measured_on(list(layout.invariance_units), _invariance_measure(layout, x, out_a, out_b))
         expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
-        return Measured(checks.gathered(m), on, masks, out_a, out_b, differs, ulp,
+        # every unit's first differing elements (`alibi.conform.differences`) come over with the values
+        listed = listed_differences(out_a, out_b, differs, ulp)
+        return Measured(checks.gathered(m, listed.reshape(-1)), listed.shape, on, masks, out_a, out_b, differs, ulp,
                         {"a": exposed["a"], "b": exposed["b"], "expected": expected},
                         {"a": (out_a, expect_a), "b": (out_b, expect_b)})
 
@@ -530,8 +534,8 @@ def measured(layout: BatchLayout, x: dict[str, torch.Tensor], stage: Stage) -> M
 @dataclass
 class Measurement:
     """One batch's checks as queued on the check device (`measure`; `measured` holds its tensors, `layout` what
-    fixes them), with what the host phase needs. `collect` brings the numbers to the host in one transfer (and
-    then, where units differ, their first differences); `verdicts` builds each unit's result from them; `release`
+    fixes them), with what the host phase needs. `collect` brings the numbers and the first differences to the host
+    in one transfer; `verdicts` builds each unit's result from them; `release`
     hands a replayed batch's CUDA graph back for the next batch of its layout. The device work of a later batch
     may be queued between `measure` and `collect` (`alibi.conform.pipeline.evaluate_batches`)."""
 
@@ -550,12 +554,16 @@ class Measurement:
         """The batch's numbers on the host (`values`), each unit's first differences and cause."""
         with stage("checks"):
             got = self.measured
-            self.values = checks.spread(got.numbers.flat.cpu().tolist(), got.numbers, got.on)
+            flat = got.numbers.flat.cpu().tolist()
+            self.values = checks.spread(flat, got.numbers, got.on)
             for run, v in zip(self.runs, self.values, strict=True):
                 facts = run.prepared.facts[run.regime]
                 v.update(pow2_scales_changed=facts.changed, subnormal_scales=facts.subnormal)
-            self.differences = first_differences(got.out_a, got.out_b, got.differs, got.ulp,
-                                                 [int(v["n_differing"]) for v in self.values])
+            columns, B, cap = got.listed
+            tail = flat[len(flat) - columns * B * cap:]
+            self.differences = differences_from(
+                [[tail[(c * B + u) * cap:(c * B + u + 1) * cap] for u in range(B)] for c in range(columns)],
+                [int(v["n_differing"]) for v in self.values], got.out_a.shape[-1], got.out_a.element_size(), cap)
             labels = self.layout.cause_labels
             self.causes = [" and ".join(label for j, label in enumerate(labels) if v[f"cause_{j}"]) or None
                            if v.get("pd_n_predicted") else None for v in self.values]
