@@ -80,24 +80,38 @@ def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: Out
                              comparison.ulp.unsqueeze(0), [comparison.n_differing], cap)[0]
 
 
+# `listed_differences` finds a unit's j-th differing element in two steps: the block of this many elements that holds it
+# (a running count over the blocks' counts), then its place in that block (a running count over the block).
+SEARCH_BLOCK = 1024
+
+
 def listed_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
                        cap: int = DIFFERENCE_CAP) -> torch.Tensor:
     """[6, B, cap] float64, on the outputs' device: for each unit of a batch (outputs, difference masks and ulp
     distances [B, M, N]), its first `cap` differing elements in row-major order, as columns: the flat position, both
     bit patterns, both values and the ulp distance (every column exact in float64: positions < 2^53, patterns of ≤ 32
-    bits). A unit's j-th differing element is where the running count of its mask first reaches j (a search in the
-    running count), so nothing is read back to find them; the rows past a unit's count hold a stand-in element, which
-    `differences_from` leaves out."""
+    bits). A unit's j-th differing element is found by searching running counts, of its blocks of `SEARCH_BLOCK`
+    elements and then within the block that holds it, so nothing is read back to find it (a running count over a
+    whole output is slow on a GPU); the rows past a unit's count hold a stand-in element, which `differences_from`
+    leaves out."""
     import torch  # torch: only when computing
 
     from alibi.exact.numerics import bits  # torch: only when computing
 
     B = differs.shape[0]
-    flat = differs.reshape(B, -1)
-    n = flat.shape[1]
-    running = flat.cumsum(1)
+    n = differs[0].numel()
+    blocks = -(-n // SEARCH_BLOCK)
+    mask = torch.zeros((B, blocks * SEARCH_BLOCK), dtype=torch.int32, device=differs.device)
+    mask[:, :n] = differs.reshape(B, n)
+    mask = mask.view(B, blocks, SEARCH_BLOCK)
+    per_block = mask.sum(-1, dtype=torch.int64)
+    through = per_block.cumsum(1)  # differing elements up to the end of each block
     wanted = torch.arange(1, cap + 1, device=differs.device).expand(B, cap).contiguous()
-    positions = torch.searchsorted(running, wanted).clamp_(max=n - 1)
+    block = torch.searchsorted(through, wanted).clamp_(max=blocks - 1)  # the block holding the j-th
+    rank = wanted - (through - per_block).gather(1, block)  # its rank within the block (1-based)
+    inside = mask.gather(1, block.unsqueeze(-1).expand(B, cap, SEARCH_BLOCK)).cumsum(-1)
+    at = torch.searchsorted(inside, rank.unsqueeze(-1)).squeeze(-1)
+    positions = (block * SEARCH_BLOCK + at).clamp_(max=n - 1)
     # gathered as bit patterns: a float gather may quiet a NaN's payload
     a_bits, b_bits = (bits(out).reshape(B, -1).gather(1, positions) for out in (out_a, out_b))
     return torch.stack([positions.double(), a_bits.double(), b_bits.double(), a_bits.view(out_a.dtype).double(),
@@ -131,5 +145,5 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
                             differs.shape[-1], out_a.element_size(), cap)
 
 
-__all__ = ["DIFFERENCE_CAP", "SCHEMA", "Differences", "ElementDifference", "differences_from", "differing_elements",
-           "first_differences", "listed_differences"]
+__all__ = ["DIFFERENCE_CAP", "SCHEMA", "SEARCH_BLOCK", "Differences", "ElementDifference", "differences_from",
+           "differing_elements", "first_differences", "listed_differences"]

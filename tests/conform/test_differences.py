@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from alibi.conform.differences import DIFFERENCE_CAP, Differences, differing_elements
+from alibi.conform.differences import DIFFERENCE_CAP, SEARCH_BLOCK, Differences, differing_elements, first_differences
 from alibi.exact.numerics import compare_outputs
 
 
@@ -65,3 +65,24 @@ def test_equal_outputs_have_no_differences():
     a = torch.randn((8, 8)).to(torch.bfloat16)
     d = differing_elements(a, a.clone(), compare_outputs(a, a.clone()))
     assert d.count == 0 and d.elements == ()
+
+
+def test_each_unit_of_a_batch_lists_its_own_first_differences_across_search_blocks():
+    """Units whose outputs span several search blocks, the last one partial: each lists exactly its first
+    differing elements in row-major order (found as a list of positions here), whether it has none, fewer than the
+    cap, or more, and wherever they fall among the blocks."""
+    M, N = 7, 3 * SEARCH_BLOCK // 7 + 5  # M·N: three blocks and a part of a fourth
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn((4, M, N), generator=gen).to(torch.bfloat16)
+    b = a.clone()
+    chosen = [[], [5, 6, SEARCH_BLOCK - 1, SEARCH_BLOCK, M * N - 1],
+              sorted(torch.randperm(M * N, generator=gen)[:200].tolist()), list(range(2 * SEARCH_BLOCK - 3, M * N, 29))]
+    for u, flat in enumerate(chosen):
+        b[u].view(-1)[flat] = b[u].view(-1)[flat] * 2 + 1
+    c = compare_outputs(a, b)
+    counts = [int(x) for x in c.differs.reshape(4, -1).sum(1)]
+    assert counts == [len(flat) for flat in chosen] and counts[2] > DIFFERENCE_CAP and counts[3] > DIFFERENCE_CAP
+    for u, d in enumerate(first_differences(a, b, c.differs, c.ulp, counts)):
+        assert d.count == counts[u]
+        assert [e.row * N + e.column for e in d.elements] == chosen[u][:DIFFERENCE_CAP]
+        assert all(int(e.a_bits, 16) == int(a[u, e.row, e.column].view(torch.int16)) & 0xFFFF for e in d.elements)
