@@ -66,7 +66,7 @@ from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
 from alibi.io.digests import sha256_bytes, sha256_file, sha256_listing
 from alibi.io.progress import Progress
-from alibi.kernels.base import Kernel, operands, pack, wait_for
+from alibi.kernels.base import Kernel, device_errors_of, operands, pack, wait_for
 from alibi.kernels.registry import get_kernel
 from alibi.tiles.synthetic import PRESETS, synthetic_tiles
 from alibi.tiles.tile import Tile, read_tile_dir, tile_bytes
@@ -271,15 +271,22 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
 
 
 def run_units(pair: Pair, work: list[tuple[PreparedTile, str]], *, invariance: bool = True, graphs: bool = False,
-              timer: StageTimer | None = None) -> list[UnitRun]:
+              timer: StageTimer | None = None, wait: bool = True) -> list[UnitRun]:
     """`run_unit` on every (prepared tile, regime) of `work`, then one wait for all their launches (`wait_for`: a
     synchronization per launch, or per unit, costs more than a small tile's kernels; a device error is reported
-    naming the kernels and the batch's tiles)."""
+    naming the kernels and the batch's tiles). wait=False leaves them queued: the caller then queues their checks
+    and waits for those in `device_errors_of(...)` (`evaluate_batches`)."""
     runs = [run_unit(pair, prepared, regime, invariance=invariance, graphs=graphs, timer=timer)
             for prepared, regime in work]
     with (timer.stage if timer else _untimed)("kernels"):
-        wait_for([pair.a, pair.b], " or ".join(dict.fromkeys(run.tile.name for run in runs)))
+        if wait:
+            wait_for([pair.a, pair.b], batch_label(runs))
     return runs
+
+
+def batch_label(runs: list[UnitRun]) -> str:
+    """The tiles of a batch's runs, as an error names them."""
+    return " or ".join(dict.fromkeys(run.tile.name for run in runs))
 
 
 def evaluate_units(pair: Pair, work: list[tuple[PreparedTile, str]], *,
@@ -332,11 +339,12 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     """Every unit of `tiles` ((tile index, tile, regimes), see `batches`), batch by batch: yields (tile index,
     regime, result, evidence) as each batch is judged.
 
-    The host and the device overlap: while the device works on a batch's checks (queued by
-    `alibi.conform.judge.measure`, nothing waited for), the host packs the next batch's operands and queues their
-    transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds its verdicts. A
-    batch's kernels run only after every earlier unit was yielded, so a kernel that ends the process loses no
-    finished unit. A unit's result does not depend on this order (each batch's tensors are its own)."""
+    The host and the device overlap: the host queues a batch's launches and, without waiting for them, its checks
+    (`alibi.conform.judge.measure`); while the device works on them, the host packs the next batch's operands and
+    queues their transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds
+    its verdicts. A device error reported meanwhile is the batch's kernels' (`device_errors_of`). A batch's kernels
+    run only after every earlier unit was yielded, so a kernel that ends the process loses no finished unit. A unit's
+    result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
@@ -348,20 +356,25 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
         # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
         work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
         runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
-                         timer=timer)
-        measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance, graphs=graphs)
+                         timer=timer, wait=False)
+        with device_errors_of([pair.a, pair.b], batch_label(runs)):
+            measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance,
+                                   graphs=graphs)
         try:
             ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
         except Exception:
-            yield from _judged(work, runs, measurements, stage)  # this batch's units are kept, then the error ends it
+            yield from _judged(pair, work, runs, measurements, stage)  # this batch's units are kept, then the error
             raise
-        yield from _judged(work, runs, measurements, stage)
+        yield from _judged(pair, work, runs, measurements, stage)
 
 
-def _judged(work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement], stage: Stage
-            ) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
-    """The units of one measured batch ((tile index, regime) each in `work`), collected and judged."""
-    for (i, regime), unit, run in zip(work, judged(measurements, len(runs), stage), runs, strict=True):
+def _judged(pair: Pair, work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement],
+            stage: Stage) -> Iterator[tuple[int, str, UnitResult, dict[str, dict[str, Any]]]]:
+    """The units of one measured batch ((tile index, regime) each in `work`), collected (the wait for the batch's
+    launches and checks) and judged."""
+    with device_errors_of([pair.a, pair.b], batch_label(runs)):
+        units = judged(measurements, len(runs), stage)
+    for (i, regime), unit, run in zip(work, units, runs, strict=True):
         yield i, regime, unit, run.evidence
 
 

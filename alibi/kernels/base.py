@@ -249,14 +249,41 @@ def raised_as_kernel_failure(kernel: str, tile: str, *, when: str = "raised") ->
                            f"{one_line(str(exc))[:300]}") from exc
 
 
+def _queued_on_gpu(kernels: list[Kernel]) -> str | None:
+    """The names of `kernels`, as a phrase, when any of them queues launches on a GPU (else None)."""
+    if any(k.torch_device().type == "cuda" for k in kernels) and torch.cuda.is_available():
+        return " or ".join(repr(name) for name in dict.fromkeys(k.name for k in kernels))
+    return None
+
+
+WAITING = "failed on the GPU (reported when waiting for its launches)"
+
+
 def wait_for(kernels: list[Kernel], tile: str) -> None:
     """Wait for the GPU launches of `kernels` on `tile`, queued with `run(..., wait=False)`. An error the device
     reports now is one of theirs: `KernelRaised` names them all, since the device does not say which launch
     failed (`alibi identify --kernel K` runs one alone)."""
-    if any(k.torch_device().type == "cuda" for k in kernels) and torch.cuda.is_available():
-        names = " or ".join(repr(name) for name in dict.fromkeys(k.name for k in kernels))
-        with raised_as_kernel_failure(names, tile, when="failed on the GPU (reported when waiting for its launches)"):
+    names = _queued_on_gpu(kernels)
+    if names is not None:
+        with raised_as_kernel_failure(names, tile, when=WAITING):
             torch.cuda.synchronize()
+
+
+@contextmanager
+def device_errors_of(kernels: list[Kernel], tile: str) -> Iterator[None]:
+    """Work queued after the GPU launches of `kernels` on `tile` without waiting for them (the checks of their
+    outputs), and the wait for its results: a device error (`torch.AcceleratorError`) reported in this block is
+    one of the launches' (`wait_for`'s `KernelRaised`: the device does not say which launch failed, and the work
+    queued after them, torch's own operations on valid tensors, does not fail on the device). Any other error
+    passes as it is."""
+    names = _queued_on_gpu(kernels)
+    try:
+        yield
+    except torch.AcceleratorError as exc:
+        if names is None:
+            raise
+        with raised_as_kernel_failure(names, tile, when=WAITING):
+            raise exc from None
 
 
 OPERANDS = ("a_q", "s_a", "w_q", "s_w", "bias")

@@ -98,3 +98,24 @@ def test_an_error_the_gpu_reports_when_the_pipeline_waits_names_both_kernels_of_
     assert message.startswith("kernel 'on-the-gpu' or 'ref' failed on the GPU (reported when waiting")
     assert "layers.0.q_proj" in message and "illegal memory access" in message and "\n" not in message
     wait_for([cpu, cpu], "layers.0.q_proj")  # only CPU kernels: nothing queued, nothing to wait for
+
+
+def test_a_device_error_reported_while_a_batch_is_judged_names_its_kernels_and_other_errors_pass(monkeypatch):
+    """The pipeline queues a batch's checks without waiting for its kernels (`device_errors_of`): a device error
+    reported then, or when its numbers are read, is a KernelRaised naming the kernels; any other error is not
+    theirs and passes as it is, as does a device error where no kernel had GPU launches."""
+    import torch
+
+    from alibi.kernels.base import device_errors_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu, cpu = OnTheGpu(), Reference()
+    with pytest.raises(KernelRaised) as raised, device_errors_of([cpu, gpu], "layers.0.q_proj"):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    message = str(raised.value)
+    assert message.startswith("kernel 'ref' or 'on-the-gpu' failed on the GPU (reported when waiting")
+    assert "layers.0.q_proj" in message and "illegal memory access" in message
+    with pytest.raises(ValueError, match="a bug of the checks"), device_errors_of([gpu], "t"):
+        raise ValueError("a bug of the checks")
+    with pytest.raises(torch.AcceleratorError), device_errors_of([cpu, cpu], "t"):
+        raise torch.AcceleratorError("CUDA error: misaligned address")
