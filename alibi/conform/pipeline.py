@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -341,38 +340,32 @@ def evaluate_batches(pair: Pair, tiles: list[tuple[int, Tile, list[str]]], devic
     regime, result, evidence) as each batch is judged.
 
     The host and the device overlap: the host queues a batch's launches and, without waiting for them, its checks
-    (`alibi.conform.judge.measure`), then collects the batch's numbers and builds its verdicts. Meanwhile the next
-    batch is prepared (`prepare_tiles`: its operands packed, their transfer and exact accumulators queued): on a GPU
-    by a second host thread, started as the batch begins, so that the copies into page-locked memory do not hold up
-    the launches (a staged run, `timer`, prepares in turn, each stage timed alone). A device error reported meanwhile
-    is the batch's kernels' (`device_errors_of`). A batch's kernels run only after every earlier unit was yielded, so
-    a kernel that ends the process loses no finished unit. A unit's result does not depend on this order (each
-    batch's tensors are its own)."""
+    (`alibi.conform.judge.measure`); while the device works on them, the host packs the next batch's operands and
+    queues their transfer and exact accumulators (`prepare_tiles`); then it collects the batch's numbers and builds
+    its verdicts. A device error reported meanwhile is the batch's kernels' (`device_errors_of`). A batch's kernels
+    run only after every earlier unit was yielded, so a kernel that ends the process loses no finished unit. A unit's
+    result does not depend on this order (each batch's tensors are its own)."""
     stage = timer.stage if timer else _untimed
     order = batches(tiles)
 
     def prepared(batch: list[tuple[int, Tile, list[str]]]) -> dict[int, PreparedTile]:
         return dict(zip((i for i, _, _ in batch), prepare_tiles([(tile, regimes) for _, tile, regimes in batch],
                                                                  device, timer), strict=True))
-    aside = device.type == "cuda" and timer is None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="alibi-prepare") as helper:
-        ahead = prepared(order[0]) if order else {}
-        for k, batch in enumerate(order):
-            upcoming = order[k + 1] if k + 1 < len(order) else []
-            following = helper.submit(prepared, upcoming) if aside and upcoming else None
-            # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
-            work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
-            runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
-                             timer=timer, wait=False)
-            with device_errors_of([pair.a, pair.b], batch_label(runs)):
-                measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance,
-                                       graphs=graphs)
-            try:
-                ahead = following.result() if following is not None else prepared(upcoming) if upcoming else {}
-            except Exception:
-                yield from _judged(pair, work, runs, measurements, stage)  # this batch's units are kept, then the
-                raise                                                        # error ends the run
-            yield from _judged(pair, work, runs, measurements, stage)
+    ahead = prepared(order[0]) if order else {}
+    for k, batch in enumerate(order):
+        # regime by regime: a batch's real-scale units, then its power-of-two ones, each consecutive for the judge
+        work = [(i, regime) for regime in REGIMES for i, _, regimes in batch if regime in regimes]
+        runs = run_units(pair, [(ahead[i], regime) for i, regime in work], invariance=invariance, graphs=graphs,
+                         timer=timer, wait=False)
+        with device_errors_of([pair.a, pair.b], batch_label(runs)):
+            measurements = measure(pair, runs, stage, ulp_threshold=ulp_threshold, invariance=invariance,
+                                   graphs=graphs)
+        try:
+            ahead = prepared(order[k + 1]) if k + 1 < len(order) else {}
+        except Exception:
+            yield from _judged(pair, work, runs, measurements, stage)  # this batch's units are kept, then the error
+            raise
+        yield from _judged(pair, work, runs, measurements, stage)
 
 
 def _judged(pair: Pair, work: list[tuple[int, str]], runs: list[UnitRun], measurements: list[Measurement],
