@@ -9,8 +9,9 @@ every measurement is elementwise, or a reduction over one unit's own elements) w
 what depends only on the scales is known on the host before (`ScaleFacts`). `Measurement.collect` then brings
 every unit's numbers, first differences and causes to the host in one transfer, and `Measurement.verdicts` builds
 each unit's verdicts from them; the pipeline does host work of the next batch in between. On a GPU the device work
-of a batch is replayed from a CUDA graph of its layout (`BatchLayout`, `alibi.conform.judge_graphs`). A unit's numbers are exactly those it gets alone: a batch of one is the same code
-(tests/conform/test_results_unchanged.py holds the reports to the bytes of the unit-by-unit pipeline).
+of a batch is replayed from a CUDA graph of its layout (`BatchLayout`, `alibi.conform.judge_graphs`). A unit's
+numbers are exactly those it gets alone: a batch of one is the same code (tests/conform/test_results_unchanged.py
+holds the reports to the bytes of the unit-by-unit pipeline).
 """
 
 from __future__ import annotations

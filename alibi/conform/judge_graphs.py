@@ -12,10 +12,10 @@ reports to eager ones on a GPU).
 
 A graph's results stay in its own memory until the batch is judged (`Measurement.release`): a graph is not replayed
 while a batch holds its results (that batch's layout is then judged eagerly). The graphs live while the process
-does, at most a quarter of the device's memory in all (`GRAPH_SHARE`) (the least recently replayed goes first), each in its own memory
-pool. A capture that fails (an operation that waits for the host, say) leaves the judge eager for the rest of the
-process: a warning says so when it happens, and `JudgeGraphs.how` says why (`alibi bench conform` records it). The
-report does not change: its bits are the eager ones either way.
+does, each in its own memory pool, at most a quarter of the device's memory in all (`GRAPH_SHARE`; past it the least
+recently replayed goes first). A capture that fails (an operation that waits for the host, say) leaves the judge
+eager for the rest of the process: a warning says so when it happens, and `JudgeGraphs.how` says why (`alibi bench
+conform` records it). The report does not change: its bits are the eager ones either way.
 """
 
 from __future__ import annotations
