@@ -124,7 +124,7 @@ def spread(values: list[float], gathered: Gathered, on: dict[str, list[int]] | N
 def numbers(measured: dict[str, torch.Tensor | Counted], on: dict[str, list[int]] | None = None
             ) -> list[dict[str, float]]:
     """A batch's measured values on the host in one transfer (`gathered`, then `spread`): per unit, name → float,
-    in the order of `measured` within each device and dtype."""
+    in the order of `measured`."""
     if not measured:
         return []
     g = gathered(measured)

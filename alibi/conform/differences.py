@@ -83,6 +83,7 @@ def differing_elements(out_a: torch.Tensor, out_b: torch.Tensor, comparison: Out
 # `listed_differences` finds a unit's j-th differing element in two steps: the block of this many elements that holds it
 # (a running count over the blocks' counts), then its place in that block (a running count over the block).
 SEARCH_BLOCK = 1024
+LISTED_COLUMNS = 6  # `listed_differences`: position, both bit patterns, both values, ulp distance
 
 
 def listed_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.Tensor, ulp: torch.Tensor,
@@ -118,16 +119,19 @@ def listed_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.
                         b_bits.view(out_b.dtype).double(), ulp.reshape(B, -1).gather(1, positions).double()])
 
 
-def differences_from(columns: list[list[list[float]]], counts: list[int], N: int, element_size: int,
-                     cap: int = DIFFERENCE_CAP) -> list[Differences]:
-    """The `Differences` of each unit from `listed_differences`' columns on the host (as nested lists), each unit's
-    number of differing elements (`counts`), the outputs' width N and element size in bytes."""
+def differences_from(listed: list[float], counts: list[int], N: int, element_size: int, cap: int = DIFFERENCE_CAP
+                     ) -> list[Differences]:
+    """The `Differences` of each unit from `listed_differences`' columns on the host (`listed`: flat, row-major
+    [LISTED_COLUMNS, B, cap]), each unit's number of differing elements (`counts`), the outputs' width N and element
+    size in bytes."""
     width = 2 * element_size  # hex digits of one element
     mask = (1 << (8 * element_size)) - 1
+    B = len(counts)
     found = []
     for u, n in enumerate(counts):
+        rows = [listed[(c * B + u) * cap:(c * B + u) * cap + min(n, cap)] for c in range(LISTED_COLUMNS)]
         elements = []
-        for pos, ab, bb, va, vb, d in list(zip(*(column[u] for column in columns), strict=True))[:min(n, cap)]:
+        for pos, ab, bb, va, vb, d in zip(*rows, strict=True):
             pos, ab, bb = int(pos), int(ab), int(bb)
             elements.append(ElementDifference(pos // N, pos % N, f"0x{ab & mask:0{width}x}", f"0x{bb & mask:0{width}x}",
                                               _number(va), _number(vb), None if d < 0 else int(d)))
@@ -141,9 +145,9 @@ def first_differences(out_a: torch.Tensor, out_b: torch.Tensor, differs: torch.T
     each unit's number of differing elements (`counts`); the first `cap` of each unit in row-major order."""
     if not any(counts):
         return [Differences(0, cap, ()) for _ in counts]
-    return differences_from(listed_differences(out_a, out_b, differs, ulp, cap).cpu().tolist(), counts,
+    return differences_from(listed_differences(out_a, out_b, differs, ulp, cap).reshape(-1).cpu().tolist(), counts,
                             differs.shape[-1], out_a.element_size(), cap)
 
 
-__all__ = ["DIFFERENCE_CAP", "SCHEMA", "SEARCH_BLOCK", "Differences", "ElementDifference", "differences_from",
-           "differing_elements", "first_differences", "listed_differences"]
+__all__ = ["DIFFERENCE_CAP", "LISTED_COLUMNS", "SCHEMA", "SEARCH_BLOCK", "Differences", "ElementDifference",
+           "differences_from", "differing_elements", "first_differences", "listed_differences"]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from alibi.conform import checks
-from alibi.conform.differences import differences_from, listed_differences
+from alibi.conform.differences import DIFFERENCE_CAP, LISTED_COLUMNS, differences_from, listed_differences
 from alibi.conform.judge_graphs import judge_graphs
 from alibi.conform.results import Safety, UnitResult
 from alibi.exact.emulator import EpilogueModel, Prediction, apply_epilogue, int32_wrap, prediction
@@ -309,8 +309,8 @@ class BatchLayout:
     """What fixes a batch's device work (`measured`), known on the host before anything is measured: its size, the
     format and output dtype, both arms' declarations, whether scales sit in blocks and a bias is added, which units
     are power-of-two, real-scale or run for invariance (and the invariance runs' rows), the ulp threshold, and each
-    input's shape and dtype (`inputs`: the tensors `batch_inputs` stacks). Two batches of one layout run the same
-    device operations on different values: the key of the batch's CUDA graph (`alibi.conform.judge_graphs`)."""
+    input's shape, dtype and device (`inputs`: the tensors `batch_inputs` stacks). Two batches of one layout run the
+    same device operations on different values: the key of the batch's CUDA graph (`alibi.conform.judge_graphs`)."""
 
     B: int
     int8: bool
@@ -324,7 +324,7 @@ class BatchLayout:
     invariance_units: tuple[int, ...]
     subset_rows: tuple[tuple[tuple[int, ...], ...], ...]  # per arm (a, b): each invariance run's rows
     ulp_threshold: int
-    inputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+    inputs: tuple[tuple[str, tuple[int, ...], torch.dtype, torch.device], ...]
 
     @classmethod
     def of(cls, pair, runs: list[UnitRun], tensors: dict[str, list[torch.Tensor]], ulp_threshold: int
@@ -340,7 +340,7 @@ class BatchLayout:
                    if int8 and not uses_statistics(decl.a, decl.b) else (),
                    tuple(_where([r.regime == "real" for r in runs])) if int8 else (),
                    any(r.regime == "real" for r in runs), invariance, rows, ulp_threshold,
-                   tuple((name, (len(ts), *ts[0].shape), ts[0].dtype) for name, ts in tensors.items()))
+                   tuple((name, (len(ts), *ts[0].shape), ts[0].dtype, ts[0].device) for name, ts in tensors.items()))
 
     @property
     def same_schedule(self) -> bool:
@@ -418,7 +418,6 @@ class Measured:
     where a check fires (each arm's accumulators, each arm's output against its model's)."""
 
     numbers: checks.Gathered
-    listed: torch.Size  # `listed_differences`' shape: its columns follow the values in `numbers.flat`
     on: dict[str, list[int]]
     masks: dict[str, Any]
     out_a: torch.Tensor
@@ -527,7 +526,7 @@ def measured(layout: BatchLayout, x: dict[str, torch.Tensor], stage: Stage) -> M
         expected = {"a": expected_acc, "b": expected_acc} if int8 else {arm: scheduled.get(arm) for arm in ("a", "b")}
         # every unit's first differing elements (`alibi.conform.differences`) come over with the values
         listed = listed_differences(out_a, out_b, differs, ulp)
-        return Measured(checks.gathered(m, listed.reshape(-1)), listed.shape, on, masks, out_a, out_b, differs, ulp,
+        return Measured(checks.gathered(m, listed.reshape(-1)), on, masks, out_a, out_b, differs, ulp,
                         {"a": exposed["a"], "b": exposed["b"], "expected": expected},
                         {"a": (out_a, expect_a), "b": (out_b, expect_b)})
 
@@ -560,11 +559,9 @@ class Measurement:
             for run, v in zip(self.runs, self.values, strict=True):
                 facts = run.prepared.facts[run.regime]
                 v.update(pow2_scales_changed=facts.changed, subnormal_scales=facts.subnormal)
-            columns, B, cap = got.listed
-            tail = flat[len(flat) - columns * B * cap:]
-            self.differences = differences_from(
-                [[tail[(c * B + u) * cap:(c * B + u + 1) * cap] for u in range(B)] for c in range(columns)],
-                [int(v["n_differing"]) for v in self.values], got.out_a.shape[-1], got.out_a.element_size(), cap)
+            counts = [int(v["n_differing"]) for v in self.values]
+            listed = flat[len(flat) - LISTED_COLUMNS * len(counts) * DIFFERENCE_CAP:]
+            self.differences = differences_from(listed, counts, got.out_a.shape[-1], got.out_a.element_size())
             labels = self.layout.cause_labels
             self.causes = [" and ".join(label for j, label in enumerate(labels) if v[f"cause_{j}"]) or None
                            if v.get("pd_n_predicted") else None for v in self.values]
@@ -581,7 +578,7 @@ def _measure_batch(pair, runs: list[UnitRun], indices: list[int], stage: Stage, 
                    invariance: bool, graphs: bool) -> Measurement:
     tensors = batch_inputs(Declarations.of(pair, runs[0].tile), runs)
     layout = BatchLayout.of(pair, runs, tensors, ulp_threshold)
-    got, release = judge_graphs().measure((runs[0].out_a.device, layout), tensors,
+    got, release = judge_graphs().measure(layout, tensors,
                                           lambda x, timed: measured(layout, x, timed), stage, graphs=graphs,
                                           capturable=layout.capturable)
     return Measurement(pair, runs, indices, layout, invariance, got, release)

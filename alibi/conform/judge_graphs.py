@@ -75,13 +75,16 @@ class JudgeGraphs:
                 ) -> tuple[Any, Callable[[], None]]:
         """`work(inputs, stage)` on `tensors` stacked (each list into one [B, ...] tensor), eagerly or replayed from
         `key`'s graph (with `graphs`, on a GPU, where every tensor lies on it and the layout is `capturable`); with
-        the callable that hands the graph back once the result has been read (nothing to hand back when eager)."""
-        first = next(iter(tensors.values()))[0]
-        device = first.device
-        if (not graphs or self.refused is not None or not capturable or device.type != "cuda"
-                or any(t.device != device for ts in tensors.values() for t in ts)):
+        the callable that hands the graph back once the result has been read (nothing to hand back when eager). The
+        key fixes each input's shape, dtype and device: a graph is captured only where every tensor lies on the GPU,
+        so a batch of a key that has one is not checked again."""
+        if not graphs or self.refused is not None or not capturable:
             return self._eager(tensors, work, stage), _nothing
         graph = self.graphs.get(key)
+        if graph is None:
+            device = next(iter(tensors.values()))[0].device
+            if device.type != "cuda" or any(t.device != device for ts in tensors.values() for t in ts):
+                return self._eager(tensors, work, stage), _nothing
         if graph is not None and not graph.busy:
             with stage("reference"):
                 for name, ts in tensors.items():
@@ -92,7 +95,7 @@ class JudgeGraphs:
             self.replays += 1
             self.graphs.move_to_end(key)
             return graph.result, graph.release
-        result = self._eager(tensors, work, stage)
+        result = self._eager(tensors, work, stage)  # the layout's first batch, or its graph is busy
         if graph is None:
             self._capture(key, tensors, work, device)
         return result, _nothing
