@@ -2,7 +2,8 @@
 figure both sides of a before/after comparison can give, whatever their own `alibi bench conform` reports (a
 commit before bench-conform/v2 timed staged runs only). Runs the code on PYTHONPATH: one warm-up run of the whole
 source (its wall printed too), then REPEATS runs of the whole source, each between two synchronizations of the GPU;
-prints one line.
+prints one line, with the garbage collector's full passes during the timed runs (count and seconds: a full pass
+walks every object the process holds).
 
     PYTHONPATH=SRC python analysis/h200/wall_conform.py KERNEL_A KERNEL_B DEVICE REPEATS (--synthetic PRESET | --tiles DIR)
 
@@ -10,6 +11,7 @@ ALIBI_GRAPHS=1 / 0 passes graphs=True / False to code that has CUDA-graph launch
 or for code without them, the code's own default runs.
 """
 
+import gc
 import inspect
 import os
 import statistics
@@ -37,6 +39,20 @@ t0 = time.perf_counter()
 run_conformance(pair, source, device=device, **options)
 torch.cuda.synchronize()
 warmup = time.perf_counter() - t0
+full_passes: list[float] = []
+started: list[float] = []
+
+
+def timed_full_passes(phase: str, info: dict) -> None:
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        started.append(time.perf_counter())
+    else:
+        full_passes.append(time.perf_counter() - started.pop())
+
+
+gc.callbacks.append(timed_full_passes)
 walls = []
 for _ in range(int(repeats)):
     torch.cuda.synchronize()
@@ -48,4 +64,5 @@ elements = sum(u.n_elements for u in report.tiles)
 median = statistics.median(walls)
 print(f"plain wall: {len(report.tiles)} units, {elements:,} elements, median {median:.4f} s, "
       f"{elements / median / 1e6:.1f} M el/s over {repeats} runs ({', '.join(f'{w:.4f}' for w in walls)}); "
-      f"warm-up {warmup:.4f} s" + ("; CUDA-graph launches" if replayed else ""))
+      f"warm-up {warmup:.4f} s" + ("; CUDA-graph launches" if replayed else "")
+      + f"; gc full passes {len(full_passes)}, {sum(full_passes):.4f} s")
