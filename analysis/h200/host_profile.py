@@ -7,6 +7,7 @@ a tile's preparation and private copies, each with N calls queued before one syn
 
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -78,3 +79,33 @@ cost("private_copy", lambda: private_copy(real, dev))
 cost("sub_tile", lambda: launches.sub_tile(real, launches.sub_batches(real.M)[1]))
 out = torch.empty((512, 576), dtype=torch.bfloat16, device=dev)
 cost("a .to(dev) that copies nothing", lambda: out.to(dev))
+print(f"torch threads {torch.get_num_threads()}, cpu_count {os.cpu_count()}, OMP_NUM_THREADS "
+      f"{os.environ.get('OMP_NUM_THREADS')}", flush=True)
+big = max(tiles, key=lambda x: x.w_q.numel()).w_q.contiguous()
+staging = torch.empty(big.numel(), dtype=torch.int8, pin_memory=True)
+mb = big.numel() / 1e6
+cost(f"host copy of {mb:.1f} MB pageable into pinned", lambda: staging.copy_(big.view(-1)), 50)
+torch.set_num_threads(1)
+cost("the same, one thread", lambda: staging.copy_(big.view(-1)), 50)
+torch.set_num_threads(os.cpu_count())
+cost(f"the same, {os.cpu_count()} threads", lambda: staging.copy_(big.view(-1)), 50)
+on_dev = torch.empty_like(staging, device=dev)
+cost(f"{mb:.1f} MB pageable -> GPU (copy_, non_blocking)", lambda: on_dev.copy_(big.view(-1), non_blocking=True), 50)
+cost(f"{mb:.1f} MB pinned -> GPU (copy_, non_blocking)", lambda: on_dev.copy_(staging, non_blocking=True), 50)
+cudart = torch.cuda.cudart()
+flat = big.view(-1)
+
+
+def register() -> None:
+    cudart.cudaHostRegister(flat.data_ptr(), flat.numel(), 0)
+    cudart.cudaHostUnregister(flat.data_ptr())
+
+
+cost(f"cudaHostRegister + Unregister of {mb:.1f} MB", register, 20)
+small = torch.empty(2**16, dtype=torch.uint8, device=dev)
+other = torch.empty_like(small)
+cost("64 kB device copy (copy_)", lambda: other.copy_(small), 500)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    other.copy_(small)
+cost("replay of a one-copy graph", g.replay, 500)
