@@ -599,9 +599,22 @@ def _invariance_measure(layout: BatchLayout, x: dict[str, torch.Tensor], out_a: 
     return m
 
 
-def _part(v: dict[str, float], prefix: str) -> dict[str, float]:
-    """The values of `v` one measurement gave (their names start with `prefix`), by the name it gave them."""
-    return {k.removeprefix(prefix): x for k, x in v.items() if k.startswith(prefix)}
+# The measurements whose values a unit's verdicts read as a group: each value's name starts with the group's name
+# and an underscore (the model deviations' with their arm's too: `em_a_`, `em_b_`).
+PARTS = ("pd", "nz", "rt", "operands", "em_a", "em_b")
+
+
+def _parts(v: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The values of `v` by the measurement that gave them (`PARTS`), each by the name it gave them; one pass."""
+    parts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
+    for k, x in v.items():
+        head, _, rest = k.partition("_")
+        if head == "em":
+            arm, _, rest = rest.partition("_")
+            head = f"em_{arm}"
+        if head in parts:
+            parts[head][rest] = x
+    return parts
 
 
 def _first(masks: dict[str, Any], name: str, i: int) -> Callable[[], list[int] | None]:
@@ -616,22 +629,23 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
     int8 = t.fmt == "int8"
     ma, mb = decl.a, decl.b
     names = {"a": pair.a.name, "b": pair.b.name}
+    parts = _parts(v)
     pred: Prediction | None = (prediction(int(v["max_abs_acc"]), bool(v["a_has_min"]), bool(v["w_has_min"]), t.K)
                                if int8 else None)
     if not int8 and "pd_n_predicted" not in v:
         pd, why_not = None, unjudged_fp8_reason(decl, names, t)
     elif not int8:
-        pd, why_not = _part(v, "pd_"), ""
+        pd, why_not = parts["pd"], ""
     elif ma is None or mb is None:
         pd, why_not = None, checks.undeclared_model_reason([arm for arm, m in (("a", ma), ("b", mb)) if m is None],
                                                            names)
     else:
-        pd, why_not = _part(v, "pd_"), ""
-    near = (checks.near_zero_result(_part(v, "nz_"), dtype_name(t.out_dtype))
+        pd, why_not = parts["pd"], ""
+    near = (checks.near_zero_result(parts["nz"], dtype_name(t.out_dtype))
             if int8 and regime == "real" else checks.NO_NEAR_ZERO)
-    rt = _part(v, "rt_")
+    rt = parts["rt"]
     verdicts = [
-        checks.shared_operands_verdict([k for k, x in _part(v, "operands_").items() if x]),
+        checks.shared_operands_verdict([k for k, x in parts["operands"].items() if x]),
         checks.int32_no_overflow(pred, t.K),
         checks.lossless_fp32_entry(pred),
         _accumulator_verdict(run, i, v, masks, accumulators) if int8 else _fp8_accumulator_verdict(decl, run, i, v, masks,
@@ -650,7 +664,7 @@ def _unit(pair, decl: Declarations, run: UnitRun, i: int, v: dict[str, float], m
         checks.token_level_risk(),
         checks.epilogue_model_verdict(
             {arm: (decl.label(arm) if not int8 and decl.schedule(arm) is not None else (model.name if model else None),
-                   _part(v, f"em_{arm}_") or None,
+                   parts[f"em_{arm}"] or None,
                    lambda arm=arm: checks.Deviation(models[arm][0][i], models[arm][1][i], masks[f"em_{arm}"][i]))
              for arm, model in (("a", ma), ("b", mb))}, names),
         checks.predicted_differences_verdict(pd, _first(masks, "predicted", i), why_not, cause),

@@ -13,7 +13,8 @@
 #   refit     cuBLASLt's outputs at the long-K shapes first read in bf16, recorded and fitted to fp32 on the GPU
 #   launches  the GPU tests of replayed launches (every kernel that declares its launches replayable, the CUTLASS
 #             ones included: carry gpu_payload/{alibi_cache.tar.xz,kernel-pins.json} too) and of the code
-#             around them (the bench, private copies, the runner's decode graphs)
+#             around them (the bench, private copies, the runner's decode graphs, the exact reference), then what
+#             the garbage collector does in warm conformance runs (analysis/h200/gc_census.py; GC_CENSUS=0: not)
 #   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
 #             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
 # Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
@@ -145,8 +146,13 @@ fi
 if want launches; then
   timeout $(( $(left) - 15 )) python -m pytest -q -rs -m gpu -p no:cacheprovider tests/conform/test_launches.py tests/conform/test_judge_graphs.py \
     tests/conform/test_bench.py tests/kernels/test_private_copy.py tests/model/test_decode_graphs.py \
-    > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
+    tests/exact/test_emulator_device.py > "$R/pytest-gpu-launches.txt" 2>&1; stamp "launches: rc $?"
   tail -n 12 "$R/pytest-gpu-launches.txt" >> "$OUT/summary.txt"
+  # what the garbage collector does in warm runs of the SmolLM2 shapes (GC_CENSUS=0 leaves it out)
+  if [ "${GC_CENSUS:-1}" = 1 ]; then
+    timeout 150 python analysis/h200/gc_census.py --synthetic smollm2-135m-full 5 > "$R/gc-census.txt" 2>&1
+    stamp "gc census: rc $?"; tail -n 12 "$R/gc-census.txt" >> "$OUT/summary.txt"
+  fi
   # plain walls (analysis/h200/wall_conform.py), cutlass vs triton, every launch eager against replayed, in turn
   # (LAUNCH_WALLS=0 leaves them out)
   [ "${LAUNCH_WALLS:-1}" = 1 ] && for source in qwen3-1.7b smollm2-135m-full; do

@@ -1,9 +1,9 @@
-"""The wall time of plain `run_conformance` runs (no stage timer), measured the same way for any commit: the one
-figure both sides of a before/after comparison can give, whatever their own `alibi bench conform` reports (a
-commit before bench-conform/v2 timed staged runs only). Runs the code on PYTHONPATH: one warm-up run of the whole
-source (its wall printed too), then REPEATS runs of the whole source, each between two synchronizations of the GPU;
-prints one line, with the garbage collector's full passes during the timed runs (count and seconds: a full pass
-walks every object the process holds).
+"""The wall time of plain `run_conformance` runs (no stage timer), measured the same way for any commit: the one figure
+both sides of a before/after comparison can give, whatever their own `alibi bench conform` reports (a commit before
+bench-conform/v2 timed staged runs only). Runs the code on PYTHONPATH: two warm-up runs of the whole source (the
+first's wall printed too; the second replays each CUDA graph a first time, which uploads it), then REPEATS runs of
+the whole source, each between two synchronizations of the GPU; prints one line, with the garbage collector's full
+passes during the timed runs (count and seconds: a full pass walks every object the process holds).
 
     PYTHONPATH=SRC python analysis/h200/wall_conform.py KERNEL_A KERNEL_B DEVICE REPEATS (--synthetic PRESET | --tiles DIR)
 
@@ -39,6 +39,8 @@ t0 = time.perf_counter()
 run_conformance(pair, source, device=device, **options)
 torch.cuda.synchronize()
 warmup = time.perf_counter() - t0
+run_conformance(pair, source, device=device, **options)  # a CUDA graph's first replay uploads it: once per process
+torch.cuda.synchronize()
 full_passes: list[float] = []
 started: list[float] = []
 
