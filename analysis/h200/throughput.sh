@@ -10,8 +10,8 @@
 # the Qwen3-1.7B preset at M = 512 (14 units), `smollm2-135m-full` at M = 512 (the SmolLM2 capture's 210 shapes,
 # synthetic, 420 units) and, once both GGUF parts have arrived in /tmp/alibi, the SmolLM2-135M W8A8 capture
 # itself (210 tiles, window 0 of wikipedia-8x512, captured with triton; 420 units). Pair cutlass vs triton, check
-# device cuda, both regimes and every check, 3 timed repeats after a warm-up (the bench's own). For each source
-# `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
+# device cuda, both regimes and every check, REPEATS (default 5) timed repeats of each kind after the bench's own
+# warm-up. For each source `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
 # but the environment and the kernels' evidence) must be equal. Then the plain walls (no stage timer: what a user's
 # `alibi conform` pays) of both commits by one driver, analysis/h200/wall_conform.py, 5 runs each, before and after
 # in turn twice. A cProfile of the "after" bench closes.
@@ -42,7 +42,7 @@ side() {
   set -- "$@" $extra
   local s; s=$(date +%s)
   (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi bench conform --kernel-a "$KA" --kernel-b "$KB" \
-     "$@" --repeats 3 --check-devices "${DEVICE:-cuda}" --quiet --out "$R/bench-$code-$name.json" > "$R/bench-$code-$name.txt" 2>&1)
+     "$@" --repeats "${REPEATS:-5}" --check-devices "${DEVICE:-cuda}" --quiet --out "$R/bench-$code-$name.json" > "$R/bench-$code-$name.txt" 2>&1)
   log "bench   $code $name rc=$? $(( $(date +%s) - s ))s: $(grep -E "^  ${DEVICE:-cuda} " "$R/bench-$code-$name.txt" | tr -s ' ')"
   s=$(date +%s)
   (cd "$dir" && PYTHONPATH=$dir timeout "$LIMIT" python -m alibi conform --kernel-a "$KA" --kernel-b "$KB" "$@" \
