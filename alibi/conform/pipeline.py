@@ -24,7 +24,6 @@ fixes it for reproducible builds).
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import time
@@ -38,7 +37,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
-from alibi.conform.launches import launch_layout, launcher
+from alibi.conform.launches import launcher
 from alibi.conform.judge import (
     Measurement,
     PreparedTile,
@@ -61,7 +60,7 @@ from alibi.conform.results import (
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
-from alibi.exact.emulator import exact_accumulators
+from alibi.exact.emulator import exact_accumulator
 from alibi.exact.numerics import pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
@@ -224,20 +223,18 @@ def prepare_tiles(tiles: list[tuple[Tile, Iterable[str]]], device: torch.device,
         facts = iter(ScaleFacts.of_units([(tile, t) for (tile, _), regimes in zip(tiles, under, strict=True)
                                           for t in regimes.values()]))
         facts_by_tile = [{r: next(facts) for r in regimes} for regimes in under]
-    placed_tiles = []
-    for (tile, _), regimes in zip(tiles, under, strict=True):
+    prepared = []
+    for (tile, _), regimes, tile_facts in zip(tiles, under, facts_by_tile, strict=True):
         with stage("io"):
             present = {k: v for k, v in operands(tile).items() if v is not None}
             own = {f"s_w:{r}": t.s_w for r, t in regimes.items() if t.s_w is not tile.s_w}
             views = pack({**present, **own}, device)
             t = tile.replace(**{k: views[k] for k in present})
-            placed_tiles.append((t, {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t
-                                     for r in regimes}))
-    with stage("reference"):
-        int8 = [t for t, _ in placed_tiles if t.fmt == "int8"]
-        accumulators = iter(exact_accumulators([(t.a_q, t.w_q) for t in int8]) if int8 else ())
-        return [PreparedTile(t, next(accumulators) if t.fmt == "int8" else None, placed, tile_facts)
-                for (t, placed), tile_facts in zip(placed_tiles, facts_by_tile, strict=True)]
+            placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in regimes}
+        with stage("reference"):
+            prepared.append(PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed,
+                                         tile_facts))
+    return prepared
 
 
 def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
@@ -261,8 +258,7 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     want = {arm: scaled or arm not in prepared.exposed for arm in ("a", "b")}
     checked = regime == "real" and invariance
     with (timer.stage if timer else _untimed)("kernels"):
-        layout = launch_layout(t) if graphs and t.a_q.device.type == "cuda" else None  # the same for both arms
-        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs, layout=layout)
+        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs)
                 for arm, k in (("a", pair.a), ("b", pair.b))}
     exposed = {arm: arms[arm].acc for arm in ("a", "b") if want[arm]}
     if not scaled:  # kept for the tile's other units
@@ -513,27 +509,9 @@ def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at
     return UnitStore.start(units_dir, plan, created_at), created_at
 
 
-@contextmanager
-def heap_frozen() -> Iterator[None]:
-    """The objects alive when a run starts (`run_conformance`, `compute_units`) left out of the cyclic garbage
-    collector's passes until it ends (`gc.freeze`, then `gc.unfreeze`; a caller that froze objects itself keeps its
-    own freeze). A full pass walks every object the process holds, and with torch, Triton and the kernels' libraries
-    loaded that takes about as long as a whole warm run of a small capture on the GPU; one came about every other
-    run. What a run allocates is collected as before."""
-    ours = gc.get_freeze_count() == 0
-    if ours:
-        gc.freeze()
-    try:
-        yield
-    finally:
-        if ours:
-            gc.unfreeze()
-
-
 _NOW = object()
 
 
-@heap_frozen()
 def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REGIMES, *,
                     units_dir: str | Path | None = None, resume: bool = False, seed: int | None = None,
                     ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
@@ -634,7 +612,6 @@ def eager_because(device: torch.device) -> str | None:
     return None
 
 
-@heap_frozen()
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
