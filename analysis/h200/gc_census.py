@@ -1,6 +1,7 @@
-"""What the garbage collector does during warm plain conformance runs on the GPU (cutlass vs triton): per run, its
-full passes (seconds, objects collected), whether the run froze the heap it found, and then, over one run with
-gc.DEBUG_SAVEALL, the cyclic garbage the run left (objects by type, tensors and their bytes by device).
+"""What the garbage collector does during warm plain conformance runs on the GPU (cutlass vs triton): per run, its full
+passes (seconds, objects collected), the collector's freeze count while the run prepares tiles (above 0 where the run
+froze the heap it found), and then, over one run with gc.DEBUG_SAVEALL, the cyclic garbage the run left (objects by
+type, tensors and their bytes by device).
 
     PYTHONPATH=. python analysis/h200/gc_census.py (--synthetic PRESET | --tiles DIR) [RUNS]
 """
