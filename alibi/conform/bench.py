@@ -3,15 +3,15 @@
 A benchmark, not a timed test: one process runs `run_conformance` on the same pair and tiles, once to warm up (kernel
 builds, Triton compilation for every shape, CUDA context, cuBLAS handles, the memory the caching allocator keeps, the
 CUDA graphs' captures — all outside the timing; its wall is reported apart, `warmup_seconds`), with CUDA graphs on a
-GPU once more, untimed (a graph's first replay uploads it to the device, once per process; left in the timed runs, it
-made the first the slowest), then `repeats` plain runs and `repeats` staged runs per check device. A plain run is
-what `alibi conform` pays: its wall time (`wall`) is the throughput reported, output elements (M·N summed over units)
-per second. A staged run carries a `StageTimer`, which splits wall time into the kernels (every launch, the
-accumulator, M-invariance and reruns included, with each arm's private copies, eager or replayed from a CUDA graph),
-the exact reference (accumulator GEMM, epilogue models, fp64 exact values), the checks, and I/O (the tiles' packing
-and transfers); timing a GPU stage needs a synchronize at its end, which stops the host from queueing work ahead of
-the GPU, so a staged run is slower than a plain one (`staged`, reported beside it; the stage split is the staged
-runs' median). Tile generation or reading is outside the timing (it happens once, before).
+GPU once more, untimed (a graph's first replay uploads it to the device, once per process; without this run the first
+timed run was the slowest), then `repeats` plain runs and `repeats` staged runs per check device. A plain run is what
+`alibi conform` pays: its wall time (`wall`) is the throughput reported, output elements (M·N summed over units) per
+second. A staged run carries a `StageTimer`, which splits wall time into the kernels (every launch, the accumulator,
+M-invariance and reruns included, with each arm's private copies, eager or replayed from a CUDA graph), the exact
+reference (accumulator GEMM, epilogue models, fp64 exact values), the checks, and I/O (the tiles' packing and
+transfers); timing a GPU stage needs a synchronize at its end, which stops the host from queueing work ahead of the
+GPU, so a staged run is slower than a plain one (`staged`, reported beside it; the stage split is the staged runs'
+median). Tile generation or reading is outside the timing (it happens once, before).
 
 On the GPU one more plain run goes under torch.profiler: the time its device events (kernels, copies, sets) cover,
 their spans' union (`device_busy_seconds`), set against the plain runs' median wall is `device_busy`, how much of
