@@ -1,7 +1,6 @@
 """What the garbage collector does during warm plain conformance runs on the GPU (cutlass vs triton): per run, its full
-passes (seconds, objects collected), the collector's freeze count while the run prepares tiles (above 0 where the run
-froze the heap it found), and then, over one run with gc.DEBUG_SAVEALL, the cyclic garbage the run left (objects by
-type, tensors and their bytes by device).
+passes (seconds, objects collected), and then, over one run with gc.DEBUG_SAVEALL, the cyclic garbage the run left
+(objects by type, tensors and their bytes by device).
 
     PYTHONPATH=. python analysis/h200/gc_census.py (--synthetic PRESET | --tiles DIR) [RUNS]
 """
@@ -30,23 +29,12 @@ def timed(phase: str, info: dict) -> None:
         passes.append((info["generation"], time.perf_counter() - started.pop(), info["collected"]))
 
 
-frozen_at_start: list[int] = []
-prepare = pipeline.prepare_tiles
-
-
-def watched(*args, **kwargs):
-    frozen_at_start.append(gc.get_freeze_count())
-    return prepare(*args, **kwargs)
-
-
-pipeline.prepare_tiles = watched
 pipeline.run_conformance(pair, source, device="cuda")
 torch.cuda.synchronize()
-print(f"objects tracked after the warm-up: {len(gc.get_objects())}; freeze count {gc.get_freeze_count()}")
+print(f"objects tracked after the warm-up: {len(gc.get_objects())}")
 gc.callbacks.append(timed)
 for r in range(runs):
     passes.clear()
-    frozen_at_start.clear()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pipeline.run_conformance(pair, source, device="cuda")
@@ -55,8 +43,7 @@ for r in range(runs):
     full = [(s, c) for g, s, c in passes if g == 2]
     print(f"run {r + 1}: wall {wall:.4f} s; passes by generation "
           f"{dict(collections.Counter(g for g, _, _ in passes))}; full passes {[(round(s, 4), c) for s, c in full]}; "
-          f"young passes {sum(s for g, s, _ in passes if g < 2):.4f} s; frozen while preparing "
-          f"{min(frozen_at_start, default=None)}", flush=True)
+          f"young passes {sum(s for g, s, _ in passes if g < 2):.4f} s", flush=True)
 gc.callbacks.remove(timed)
 gc.collect()
 gc.set_debug(gc.DEBUG_SAVEALL)

@@ -11,10 +11,10 @@
 # synthetic, 420 units) and, once both GGUF parts have arrived in /tmp/alibi, the SmolLM2-135M W8A8 capture
 # itself (210 tiles, window 0 of wikipedia-8x512, captured with triton; 420 units). Pair cutlass vs triton, check
 # device cuda, both regimes and every check, REPEATS (default 5) timed repeats of each kind after the bench's own
-# warm-up. For each source `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their results (everything
-# but the environment and the kernels' evidence) must be equal. Then the plain walls (no stage timer: what a user's
-# `alibi conform` pays) of both commits by one driver, analysis/h200/wall_conform.py, 5 runs each, before and after
-# in turn twice. A cProfile of the "after" bench closes.
+# warm-up. For each source `alibi conform` of each commit writes report.json with SOURCE_DATE_EPOCH fixed; their
+# results (everything but the environment and the kernels' evidence) must be equal. Then the plain walls (no stage
+# timer: what a user's `alibi conform` pays) of both commits by one driver, analysis/h200/wall_conform.py, 5 runs
+# each, before and after in turn twice. A cProfile of the "after" bench closes.
 # THROUGHPUT_PRESET=0 / THROUGHPUT_SYNTHETIC=0 leave the preset / the synthetic SmolLM2 shapes out; THROUGHPUT_WALLS=0
 # leaves out the walls by wall_conform.py (the benches' own plain walls stay), THROUGHPUT_PROFILE=0 the cProfiles.
 # AFTER_ARGS: options of the "after" commit's bench and conform only (e.g. --no-cuda-graphs); AFTER_ENV: its walls'
