@@ -37,7 +37,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
-from alibi.conform.launches import launcher
+from alibi.conform.launches import launch_layout, launcher
 from alibi.conform.judge import (
     Measurement,
     PreparedTile,
@@ -60,7 +60,7 @@ from alibi.conform.results import (
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
-from alibi.exact.emulator import exact_accumulator
+from alibi.exact.emulator import exact_accumulators
 from alibi.exact.numerics import pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
@@ -223,18 +223,20 @@ def prepare_tiles(tiles: list[tuple[Tile, Iterable[str]]], device: torch.device,
         facts = iter(ScaleFacts.of_units([(tile, t) for (tile, _), regimes in zip(tiles, under, strict=True)
                                           for t in regimes.values()]))
         facts_by_tile = [{r: next(facts) for r in regimes} for regimes in under]
-    prepared = []
-    for (tile, _), regimes, tile_facts in zip(tiles, under, facts_by_tile, strict=True):
+    placed_tiles = []
+    for (tile, _), regimes in zip(tiles, under, strict=True):
         with stage("io"):
             present = {k: v for k, v in operands(tile).items() if v is not None}
             own = {f"s_w:{r}": t.s_w for r, t in regimes.items() if t.s_w is not tile.s_w}
             views = pack({**present, **own}, device)
             t = tile.replace(**{k: views[k] for k in present})
-            placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in regimes}
-        with stage("reference"):
-            prepared.append(PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed,
-                                         tile_facts))
-    return prepared
+            placed_tiles.append((t, {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t
+                                     for r in regimes}))
+    with stage("reference"):
+        int8 = [t for t, _ in placed_tiles if t.fmt == "int8"]
+        accumulators = iter(exact_accumulators([(t.a_q, t.w_q) for t in int8]) if int8 else ())
+        return [PreparedTile(t, next(accumulators) if t.fmt == "int8" else None, placed, tile_facts)
+                for (t, placed), tile_facts in zip(placed_tiles, facts_by_tile, strict=True)]
 
 
 def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
@@ -258,7 +260,8 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     want = {arm: scaled or arm not in prepared.exposed for arm in ("a", "b")}
     checked = regime == "real" and invariance
     with (timer.stage if timer else _untimed)("kernels"):
-        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs)
+        layout = launch_layout(t) if graphs and t.a_q.device.type == "cuda" else None  # the same for both arms
+        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs, layout=layout)
                 for arm, k in (("a", pair.a), ("b", pair.b))}
     exposed = {arm: arms[arm].acc for arm in ("a", "b") if want[arm]}
     if not scaled:  # kept for the tile's other units
