@@ -14,7 +14,8 @@
 #   launches  the GPU tests of replayed launches (every kernel that declares its launches replayable, the CUTLASS
 #             ones included: carry gpu_payload/{alibi_cache.tar.xz,kernel-pins.json} too) and of the code
 #             around them (the bench, private copies, the runner's decode graphs, the exact reference), then what
-#             the garbage collector does in warm conformance runs (analysis/h200/gc_census.py; GC_CENSUS=0: not)
+#             the garbage collector does in warm conformance runs (analysis/h200/gc_census.py; GC_CENSUS=0: not) and
+#             the host's time per pipeline step (analysis/h200/host_timeline.py; HOST_TIMELINE=0: not)
 #   gputests  pytest -m gpu tests/kernels/test_fp8_block_kernels.py and the fp8 model's GPU tests (each available
 #             block kernel equals the emulator under its declared schedule on random tiles, bit for bit)
 # Carry: gpu_payload/{src.tar.gz,vllm,fbg,ecosystem/torchao-0.18.0-*.whl} (vllm from analysis/h200/vllm_payload.sh:
@@ -152,6 +153,13 @@ if want launches; then
   if [ "${GC_CENSUS:-1}" = 1 ]; then
     timeout 150 python analysis/h200/gc_census.py --synthetic smollm2-135m-full 5 > "$R/gc-census.txt" 2>&1
     stamp "gc census: rc $?"; tail -n 12 "$R/gc-census.txt" >> "$OUT/summary.txt"
+  fi
+  # the host's own time per pipeline step in warm plain runs (analysis/h200/host_timeline.py; HOST_TIMELINE=0: not)
+  if [ "${HOST_TIMELINE:-1}" = 1 ]; then
+    for source in qwen3-1.7b smollm2-135m-full; do
+      timeout 120 python analysis/h200/host_timeline.py --synthetic "$source" 10 > "$R/host-timeline-$source.txt" 2>&1
+      stamp "host timeline $source: rc $?"; cat "$R/host-timeline-$source.txt" >> "$OUT/summary.txt"
+    done
   fi
   # plain walls (analysis/h200/wall_conform.py), cutlass vs triton, every launch eager against replayed, in turn
   # (LAUNCH_WALLS=0 leaves them out)
