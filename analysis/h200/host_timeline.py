@@ -8,6 +8,7 @@ time adds up to its wall; the collect step's time is mostly the host waiting for
 
 import collections
 import functools
+import gc
 import os
 import statistics
 import sys
@@ -84,15 +85,28 @@ wrap(pipeline, "environment")
 pipeline.run_conformance(pair, source, device=device)
 pipeline.run_conformance(pair, source, device=device)  # the graphs' first replays
 synchronize()
-walls, per_run = [], []
+
+
+def allocations() -> tuple[int, int, int]:
+    """The collector's full passes, the device's memory segments allocated (cudaMalloc) and the host's pinned
+    blocks allocated (cudaHostAlloc), so far in this process."""
+    if device.type != "cuda":
+        return gc.get_stats()[2]["collections"], 0, 0
+    return (gc.get_stats()[2]["collections"], torch.cuda.memory_stats().get("segment.all.allocated", 0),
+            torch.cuda.host_memory_stats().get("num_host_alloc", 0))
+
+
+walls, per_run, grown = [], [], []
 for _ in range(runs):
     own.clear()
     calls.clear()
     synchronize()
+    before = allocations()
     t0 = time.perf_counter()
     pipeline.run_conformance(pair, source, device=device)
     synchronize()
     walls.append(time.perf_counter() - t0)
+    grown.append(tuple(b - a for a, b in zip(before, allocations(), strict=True)))
     per_run.append((dict(own), dict(calls)))
 units = len(source.tiles) * 2
 print(f"{value}: {units} units, {runs} warm plain runs, walls (s): {', '.join(f'{w:.4f}' for w in walls)}; "
@@ -104,5 +118,12 @@ for k in steps:
     n = per_run[-1][1].get(k, 0)
     print(f"{k:40s} {ms:10.3f} {n:6d} {1e3 * ms / max(n, 1):8.1f}")
 top = statistics.median(1e3 * sum(o.values()) for o, _ in per_run)
+print("per run: wall s; full collector passes, device segments and pinned host blocks allocated; then the steps "
+      "that took over 1 ms more than their median")
+medians = {k: statistics.median(o.get(k, 0.0) for o, _ in per_run) for k in steps}
+for wall, (o, _), (passes, segments, pinned) in zip(walls, per_run, grown, strict=True):
+    slower = {k: 1e3 * (o.get(k, 0.0) - medians[k]) for k in steps if o.get(k, 0.0) - medians[k] > 1e-3}
+    print(f"  {wall:.4f}  gc {passes}  segments {segments}  pinned {pinned}  "
+          + ", ".join(f"{k} +{ms:.1f} ms" for k, ms in slower.items()))
 print(f"{'the steps above':40s} {top:10.3f}; the rest of the run (run_conformance's own, unwrapped code) "
       f"{1e3 * statistics.median(walls) - top:.3f} ms")
