@@ -24,7 +24,7 @@ import alibi.kernels.base as base
 
 kind, value = sys.argv[1:3]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-source = pipeline.source_from_preset(value, rows=512) if kind == "--synthetic" else pipeline.source_from_dir(value)
+source = pipeline.source_from_preset(value, rows=int(os.environ.get("HOST_TIMELINE_ROWS", 512))) if kind == "--synthetic" else pipeline.source_from_dir(value)
 pair = pipeline.choose_pair(*os.environ.get("HOST_TIMELINE_PAIR", "cutlass triton").split())
 device = torch.device(os.environ.get("HOST_TIMELINE_DEVICE", "cuda"))  # cpu: a smoke test of the script
 
