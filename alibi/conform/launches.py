@@ -124,14 +124,9 @@ def arm_launches(kernel: Kernel, t: Tile, *, accumulator: bool, invariance: bool
     return ArmRun(out, acc, operands(own), subsets, again, run.evidence)
 
 
-def launch_key(t: Tile, accumulator: bool, invariance: bool, layout: tuple | None = None) -> tuple:
-    """What fixes an arm's launches on `t`: its layout (`launch_layout`, given or found) and which runs."""
-    return layout if layout is not None else launch_layout(t), accumulator, invariance
-
-
-def launch_layout(t: Tile) -> tuple:
-    """What fixes any arm's launches on `t` but which runs: its operands' layout (and how they share buffers:
-    `buffer_groups`), scale layout and output dtype. Found once per unit for both arms (`launch(layout=...)`)."""
+def launch_key(t: Tile, accumulator: bool, invariance: bool) -> tuple:
+    """What fixes an arm's launches on `t`: its operands' layout (and how they share buffers: `buffer_groups`),
+    scale layout and output dtype, and which runs."""
     present = {k: v for k, v in operands(t).items() if v is not None}
     layout = tuple((k, v.dtype, tuple(v.shape), v.stride()) for k, v in present.items())
     sharing = []
@@ -139,7 +134,7 @@ def launch_layout(t: Tile) -> tuple:
         if whole:
             nbytes = present[keys[0]].untyped_storage().nbytes()
             sharing.append((nbytes, tuple((k, present[k].storage_offset()) for k in keys)))
-    return layout, tuple(sharing), t.meta.get(LAYOUT_KEY), t.out_dtype
+    return layout, tuple(sharing), t.meta.get(LAYOUT_KEY), t.out_dtype, accumulator, invariance
 
 
 @dataclass
@@ -202,14 +197,12 @@ class ArmLauncher:
         return (self.refused is None and self.kernel.launches_replayable() and t.a_q.device.type == "cuda"
                 and self.kernel.torch_device().type == "cuda")
 
-    def launch(self, t: Tile, *, accumulator: bool, invariance: bool, graphs: bool = False,
-               layout: tuple | None = None) -> ArmRun:
+    def launch(self, t: Tile, *, accumulator: bool, invariance: bool, graphs: bool = False) -> ArmRun:
         """The arm's launches on `t`: replayed from its key's graph when there is one, else eagerly (then, with
-        `graphs` and a replayable kernel, the key's graph is captured for the next unit). layout: `t`'s
-        `launch_layout`, where the caller found it already."""
+        `graphs` and a replayable kernel, the key's graph is captured for the next unit)."""
         if not graphs or not self.replayable(t):
             return arm_launches(self.kernel, t, accumulator=accumulator, invariance=invariance)
-        key = launch_key(t, accumulator, invariance, layout)
+        key = launch_key(t, accumulator, invariance)
         graph = self.graphs.get(key)
         if graph is not None:
             self.graphs.move_to_end(key)
@@ -252,4 +245,4 @@ def launcher(kernel: Kernel) -> ArmLauncher:
 
 
 __all__ = ["GRAPH_BYTES", "SUB_BATCH_SIZES", "ArmGraph", "ArmLauncher", "ArmRun", "arm_launches", "arm_output",
-           "launch_key", "launch_layout", "launcher", "sub_batches", "sub_tile"]
+           "launch_key", "launcher", "sub_batches", "sub_tile"]

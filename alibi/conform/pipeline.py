@@ -24,7 +24,6 @@ fixes it for reproducible builds).
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import time
@@ -38,7 +37,7 @@ import torch
 
 from alibi.conform import checks
 from alibi.conform.exercised import exercised, unexercised, within_declarations
-from alibi.conform.launches import launch_layout, launcher
+from alibi.conform.launches import launcher
 from alibi.conform.judge import (
     Measurement,
     PreparedTile,
@@ -61,7 +60,7 @@ from alibi.conform.results import (
 from alibi.conform.token_risk import ReplayEvidence
 from alibi.conform.unit_store import PLAN_FILE, UnitStore, tile_sha256
 from alibi.errors import InputError, one_line, shown
-from alibi.exact.emulator import exact_accumulators
+from alibi.exact.emulator import exact_accumulator
 from alibi.exact.numerics import pow2_round
 from alibi.governance.environment import environment_record
 from alibi.governance.manifest import digest_set, folder_files
@@ -224,20 +223,18 @@ def prepare_tiles(tiles: list[tuple[Tile, Iterable[str]]], device: torch.device,
         facts = iter(ScaleFacts.of_units([(tile, t) for (tile, _), regimes in zip(tiles, under, strict=True)
                                           for t in regimes.values()]))
         facts_by_tile = [{r: next(facts) for r in regimes} for regimes in under]
-    placed_tiles = []
-    for (tile, _), regimes in zip(tiles, under, strict=True):
+    prepared = []
+    for (tile, _), regimes, tile_facts in zip(tiles, under, facts_by_tile, strict=True):
         with stage("io"):
             present = {k: v for k, v in operands(tile).items() if v is not None}
             own = {f"s_w:{r}": t.s_w for r, t in regimes.items() if t.s_w is not tile.s_w}
             views = pack({**present, **own}, device)
             t = tile.replace(**{k: views[k] for k in present})
-            placed_tiles.append((t, {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t
-                                     for r in regimes}))
-    with stage("reference"):
-        int8 = [t for t, _ in placed_tiles if t.fmt == "int8"]
-        accumulators = iter(exact_accumulators([(t.a_q, t.w_q) for t in int8]) if int8 else ())
-        return [PreparedTile(t, next(accumulators) if t.fmt == "int8" else None, placed, tile_facts)
-                for (t, placed), tile_facts in zip(placed_tiles, facts_by_tile, strict=True)]
+            placed = {r: t.replace(s_w=views[f"s_w:{r}"]) if f"s_w:{r}" in views else t for r in regimes}
+        with stage("reference"):
+            prepared.append(PreparedTile(t, exact_accumulator(t.a_q, t.w_q) if t.fmt == "int8" else None, placed,
+                                         tile_facts))
+    return prepared
 
 
 def prepare(tile: Tile, device: torch.device, timer: StageTimer | None = None,
@@ -261,8 +258,7 @@ def run_unit(pair: Pair, prepared: PreparedTile, regime: str, *, invariance: boo
     want = {arm: scaled or arm not in prepared.exposed for arm in ("a", "b")}
     checked = regime == "real" and invariance
     with (timer.stage if timer else _untimed)("kernels"):
-        layout = launch_layout(t) if graphs and t.a_q.device.type == "cuda" else None  # the same for both arms
-        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs, layout=layout)
+        arms = {arm: launcher(k).launch(t, accumulator=want[arm], invariance=checked, graphs=graphs)
                 for arm, k in (("a", pair.a), ("b", pair.b))}
     exposed = {arm: arms[arm].acc for arm in ("a", "b") if want[arm]}
     if not scaled:  # kept for the tile's other units
@@ -513,34 +509,9 @@ def _start_units(units_dir: Path, plan: dict[str, Any], resume: bool, created_at
     return UnitStore.start(units_dir, plan, created_at), created_at
 
 
-# The garbage collector's threshold for full passes while a run lasts: never reached (`full_passes_deferred`).
-DEFERRED_FULL_PASSES = 2**30
-
-
-@contextmanager
-def full_passes_deferred() -> Iterator[None]:
-    """The cyclic garbage collector's full passes (generation 2) held off while a run lasts (`run_conformance`,
-    `compute_units`); its young passes run as before, and its thresholds are as they were after (unless something
-    set others meanwhile, which are kept). A full pass walks every object the process holds — with torch, Triton
-    and the kernels' libraries loaded, hundreds of thousands — and the objects a run keeps until its report make
-    one come about every other run of a large capture: on the GPU it took about a third of a warm run of the
-    SmolLM2 capture. A run makes no cyclic garbage the young passes leave (tests/conform/test_full_passes.py), so
-    holding them off keeps no memory; the next full pass after the run finds what there is. Where CPython ignores
-    the third threshold (the incremental collector of 3.14) this changes nothing."""
-    before = gc.get_threshold()
-    ours = (before[0], before[1], max(before[2], DEFERRED_FULL_PASSES))
-    gc.set_threshold(*ours)
-    try:
-        yield
-    finally:
-        if gc.get_threshold() == ours:
-            gc.set_threshold(*before)
-
-
 _NOW = object()
 
 
-@full_passes_deferred()
 def run_conformance(pair: Pair, source: TileSource, regimes: Iterable[str] = REGIMES, *,
                     units_dir: str | Path | None = None, resume: bool = False, seed: int | None = None,
                     ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD, invariance: bool = True,
@@ -641,7 +612,6 @@ def eager_because(device: torch.device) -> str | None:
     return None
 
 
-@full_passes_deferred()
 def compute_units(pair: Pair, source: TileSource, regimes: Iterable[str], units_dir: str | Path,
                   tile_indices: Iterable[int], *, ulp_threshold: int = checks.DEFAULT_ULP_THRESHOLD,
                   invariance: bool = True, device: torch.device | str | None = None,
@@ -692,8 +662,7 @@ def exit_code(report: Report, strict: bool = False) -> int:
     return 1 if (strict and report.verdict == ReportVerdict.INCONCLUSIVE) else 0
 
 
-__all__ = ["DEFERRED_FULL_PASSES", "REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats",
-           "choose_pair", "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code",
-           "full_passes_deferred",
+__all__ = ["REGIMES", "Pair", "PreparedTile", "StageTimer", "TileSource", "check_formats", "choose_pair",
+           "compute_units", "eager_because", "evaluate_unit", "evaluate_units", "exit_code",
            "prepare", "prepare_tiles", "run_conformance", "run_units", "source_from_dir", "source_from_preset",
            "source_from_tiles", "start_units", "summarize", "within_declarations"]

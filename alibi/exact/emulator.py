@@ -141,32 +141,6 @@ def exact_accumulator(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(acc)
 
 
-# Tiles whose exact accumulators `exact_accumulators` finds in one batched GEMM: at most this many weight elements
-# (N·K summed; 1 GiB in fp64), so a batch's fp64 copies stay within a few times one large tile's.
-BATCHED_WEIGHT_ELEMENTS = 2**27
-
-
-def exact_accumulators(operands: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """`exact_accumulator` of each (a_q, w_q) of `operands`. On a GPU, operands of one shape go through one batched
-    fp64 GEMM per group of at most `BATCHED_WEIGHT_ELEMENTS` weight elements (each accumulator a view of the
-    group's): the same exact integers (every partial sum is one, below 2⁵³, whatever the order), for a few launches
-    per group instead of per tile; elsewhere, one by one."""
-    shapes = {(tuple(a.shape), tuple(w.shape), a.device, a.dtype, w.dtype) for a, w in operands}
-    if len(shapes) != 1 or operands[0][0].device.type != "cuda" or operands[0][1].device != operands[0][0].device:
-        return [exact_accumulator(a, w) for a, w in operands]
-    if operands[0][0].dtype != torch.int8 or operands[0][1].dtype != torch.int8:
-        raise InputError(f"exact_accumulators needs int8 operands, got {operands[0][0].dtype} and "
-                         f"{operands[0][1].dtype}")
-    per_group = max(1, BATCHED_WEIGHT_ELEMENTS // operands[0][1].numel())
-    out: list[torch.Tensor] = []
-    for g in range(0, len(operands), per_group):
-        group = operands[g:g + per_group]
-        a = torch.stack([a for a, _ in group]).to(torch.float64)
-        w = torch.stack([w for _, w in group]).to(torch.float64)
-        out.extend(torch.bmm(a, w.transpose(1, 2)).to(torch.int64).unbind())
-    return out
-
-
 def int32_wrap(acc: torch.Tensor) -> torch.Tensor:
     """The value an int32 register holds for an integer accumulator (two's-complement wrap); an int32 tensor is
     that already.

@@ -14,16 +14,7 @@ import itertools
 import pytest
 import torch
 
-import alibi.exact.emulator as emulator
-from alibi.exact.emulator import (
-    BIAS_MODES,
-    ORDERS,
-    EpilogueModel,
-    apply_epilogue,
-    exact_accumulator,
-    exact_accumulators,
-    fma_f32,
-)
+from alibi.exact.emulator import BIAS_MODES, ORDERS, EpilogueModel, apply_epilogue, exact_accumulator, fma_f32
 from alibi.exact.numerics import bits
 from alibi.tiles.out_bias_probe import out_bias_probe_tiles
 from alibi.tiles.synthetic import synthetic_tiles
@@ -47,16 +38,6 @@ def test_the_exact_accumulator_is_the_same_integer_on_the_gpu_as_on_the_cpu():
         cpu = exact_accumulator(t.a_q, t.w_q)
         gpu = exact_accumulator(t.a_q.cuda(), t.w_q.cuda())
         assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu), t.name
-
-
-def test_batched_exact_accumulators_on_the_gpu_are_the_cpus_integers_in_groups_and_alone(monkeypatch):
-    tiles = [t for t in synthetic_tiles("smollm2-135m-full", seed=3, M=64) if (t.N, t.K) == (576, 576)][:5]
-    assert len(tiles) == 5
-    monkeypatch.setattr(emulator, "BATCHED_WEIGHT_ELEMENTS", 2 * 576 * 576)  # groups of 2, 2 and 1
-    got = exact_accumulators([(t.a_q.cuda(), t.w_q.cuda()) for t in tiles])
-    for t, acc in zip(tiles, got, strict=True):
-        assert acc.device.type == "cuda" and acc.dtype == torch.int64
-        assert torch.equal(acc.cpu(), exact_accumulator(t.a_q, t.w_q)), t.name
 
 
 def test_every_epilogue_model_gives_the_cpus_bits_on_the_gpu():
