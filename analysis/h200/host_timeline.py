@@ -68,7 +68,8 @@ def wrap(owner, attr, name=None, *also):
 
 wrap(pipeline, "prepare_tiles")
 wrap(base, "pack", "pack (staging, transfer)", pipeline)
-wrap(pipeline, "exact_accumulators")
+# the exact reference: one GEMM per tile, or per group of tiles where the pipeline batches them
+wrap(pipeline, "exact_accumulators" if "exact_accumulators" in vars(pipeline) else "exact_accumulator")
 wrap(pipeline, "pow2_round")
 wrap(judge.ScaleFacts, "of_units", "ScaleFacts.of_units")
 wrap(pipeline, "run_unit")
