@@ -27,6 +27,7 @@ its outputs, before any other replay.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -186,12 +187,21 @@ class ArmGraph:
 @dataclass
 class ArmLauncher:
     """One kernel's launches for the conformance pipeline: its graphs by launch key, or why it launches eagerly
-    (`refused`: the first failed capture, after which it is not tried again)."""
+    (`refused`: the first failed capture, after which it is not tried again). The kernel holds its launcher
+    (`launcher`) and the launcher holds the kernel weakly (`owner`): no reference cycle, so a kernel let go frees its
+    graphs and their device memory at once, not at the garbage collector's next full pass."""
 
-    kernel: Kernel
+    owner: weakref.ReferenceType[Kernel]
     graphs: OrderedDict[tuple, ArmGraph] = field(default_factory=OrderedDict)
     refused: str | None = None
     pool: object = None
+
+    @property
+    def kernel(self) -> Kernel:
+        kernel = self.owner()
+        if kernel is None:  # a launcher is reached through its kernel only
+            raise RuntimeError("an arm launcher outlived its kernel")
+        return kernel
 
     def replayable(self, t: Tile) -> bool:
         return (self.refused is None and self.kernel.launches_replayable() and t.a_q.device.type == "cuda"
@@ -240,7 +250,7 @@ class ArmLauncher:
 def launcher(kernel: Kernel) -> ArmLauncher:
     """The kernel's launcher, kept on the instance while it lives (its graphs serve every pair it is an arm of)."""
     if "_arm_launcher" not in kernel.__dict__:
-        kernel.__dict__["_arm_launcher"] = ArmLauncher(kernel)
+        kernel.__dict__["_arm_launcher"] = ArmLauncher(weakref.ref(kernel))
     return kernel.__dict__["_arm_launcher"]
 
 

@@ -4,6 +4,9 @@ launches eagerly and the report says so."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -161,6 +164,39 @@ def test_a_kernel_whose_capture_fails_launches_eagerly_with_the_same_bits_and_th
     assert "launched eagerly: its launches could not be captured in a CUDA graph" in report.kernel_a.how
     assert "launches captured in a CUDA graph" in report.kernel_b.how
     torch.randn(8, device="cuda")  # the failed capture left the device's generator usable
+
+
+def _launcher_after_a_run(a: str, b: str, device: str) -> tuple[Pair, weakref.ReferenceType]:
+    pair = Pair(get_kernel(a), get_kernel(b), "launcher test")
+    run_conformance(pair, source_from_preset("tiny"), device=device, created_at=None)
+    return pair, weakref.ref(launcher(pair.a))
+
+
+def test_a_kernel_let_go_frees_its_launcher_by_reference_counting_alone():
+    """The kernel holds its launcher, the launcher holds it weakly: no cycle for the garbage collector to find."""
+    pair, gone = _launcher_after_a_run("emulator:w_then_a", "emulator:a_then_w", "cpu")
+    assert gone() is not None and gone().kernel is pair.a
+    gc.disable()
+    try:
+        del pair
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.gpu
+def test_a_kernel_let_go_returns_its_graphs_device_memory_without_a_garbage_collection():
+    pair, gone = _launcher_after_a_run("cutlass", "triton", "cuda")
+    assert gone().graphs, "the run captured no graph for the cutlass arm"
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    gc.disable()
+    try:
+        del pair
+        assert gone() is None
+        assert torch.cuda.memory_allocated() < held
+    finally:
+        gc.enable()
 
 
 def test_conform_with_cuda_graphs_on_cpu_kernels_writes_the_report_it_writes_without(tmp_path):
