@@ -4,6 +4,9 @@ runs on the GPU (cutlass vs triton, check device cuda, CUDA graphs). A run is bo
 time adds up to its wall; the collect step's time is mostly the host waiting for the device (its one read back).
 
     PYTHONPATH=. python analysis/h200/host_timeline.py (--synthetic PRESET | --tiles DIR) [RUNS]
+
+HOST_TIMELINE_ROWS: the preset's rows (default 512); HOST_TIMELINE_PAIR ("A B") and HOST_TIMELINE_DEVICE (cpu) give a
+smoke run without a GPU.
 """
 
 import collections
@@ -24,7 +27,8 @@ import alibi.kernels.base as base
 
 kind, value = sys.argv[1:3]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-source = pipeline.source_from_preset(value, rows=int(os.environ.get("HOST_TIMELINE_ROWS", 512))) if kind == "--synthetic" else pipeline.source_from_dir(value)
+rows = int(os.environ.get("HOST_TIMELINE_ROWS", 512))
+source = pipeline.source_from_preset(value, rows=rows) if kind == "--synthetic" else pipeline.source_from_dir(value)
 pair = pipeline.choose_pair(*os.environ.get("HOST_TIMELINE_PAIR", "cutlass triton").split())
 device = torch.device(os.environ.get("HOST_TIMELINE_DEVICE", "cuda"))  # cpu: a smoke test of the script
 
