@@ -108,12 +108,12 @@ for _ in range(runs):
     synchronize()
     before = allocations()
     t0 = time.perf_counter()
-    pipeline.run_conformance(pair, source, device=device)
+    report = pipeline.run_conformance(pair, source, device=device)
     synchronize()
     walls.append(time.perf_counter() - t0)
     grown.append(tuple(b - a for a, b in zip(before, allocations(), strict=True)))
     per_run.append((dict(own), dict(calls)))
-units = len(source.tiles) * 2
+units = len(report.tiles)
 print(f"{value}: {units} units, {runs} warm plain runs, walls (s): {', '.join(f'{w:.4f}' for w in walls)}; "
       f"median {statistics.median(walls):.4f}")
 steps = sorted({k for o, _ in per_run for k in o}, key=lambda k: -statistics.median(o.get(k, 0) for o, _ in per_run))
